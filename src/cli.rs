@@ -1,0 +1,181 @@
+//! Command line: `mount` (also reached as `xpackfs SOURCE MOUNTPOINT -o ...`, the form
+//! `mount.fuse3` execs for `mount -t fuse.xpackfs`), `inspect` and `digest`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Arg, ArgAction, ArgMatches, Command};
+
+use crate::serve::{self, daemon, options};
+
+const SUBCOMMANDS: &[&str] = &["mount", "inspect", "digest", "help"];
+
+fn command() -> Command {
+    let mut mount = Command::new("mount")
+        .about("Mount a checkpoint and serve a view of it (read-only)")
+        .long_about(
+            "Mount SOURCE (a GGUF file, or any part of a split GGUF set) on MOUNTPOINT and serve a view of it.\n\
+             Runs in the background and returns once the mount is live, unless -f is given.\n\
+             The same command is reached as `xpackfs SOURCE MOUNTPOINT -o opts` (what mount.fuse3 runs for\n\
+             `mount -t fuse.xpackfs SOURCE MOUNTPOINT -o opts` and fstab entries); MOUNTPOINT may be /dev/fd/N.",
+        )
+        .arg(Arg::new("source").required(true).value_parser(clap::value_parser!(PathBuf)).help("GGUF source file"))
+        .arg(Arg::new("mountpoint").required(true).help("directory to mount on, or /dev/fd/N"))
+        .arg(Arg::new("o").short('o').action(ArgAction::Append).value_name("OPTS").help("comma-separated options, key[=value] (see below)"))
+        .arg(Arg::new("foreground_flag").short('f').action(ArgAction::SetTrue).help("stay in the foreground"))
+        .after_help(options::help_text());
+    for &(key, takes_value, help) in options::OPTIONS {
+        let long: &'static str = Box::leak(key.replace('_', "-").into_boxed_str());
+        let arg = Arg::new(key).long(long).help(help);
+        mount = mount.arg(if takes_value { arg.value_name("VALUE").action(ArgAction::Set) } else { arg.action(ArgAction::SetTrue) });
+    }
+    Command::new("xpackfs")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("A read-only FUSE filesystem serving converted forms of MoE checkpoints (SGLang expert packs, ...)")
+        .subcommand_required(true)
+        .subcommand(mount)
+        .subcommand(
+            Command::new("inspect")
+                .about("Print a JSON summary of an expert pack: header, role counts, payload bytes, first entries")
+                .arg(Arg::new("pack").required(true).value_parser(clap::value_parser!(PathBuf)))
+                .arg(Arg::new("limit").long("limit").default_value("12").value_parser(clap::value_parser!(usize)).help("entries to show")),
+        )
+        .subcommand(
+            Command::new("digest")
+                .about("Hash a source once and remember its digests, so that later mounts start at once")
+                .arg(Arg::new("source").required(true).value_parser(clap::value_parser!(PathBuf)))
+                .arg(Arg::new("digest-store").long("digest-store").value_name("DIR").help("store directory, or 'none'")),
+        )
+}
+
+/// `xpackfs SRC MNT -o ...` (mount helper form) becomes `xpackfs mount SRC MNT -o ...`.
+fn normalize(mut args: Vec<OsString>) -> Vec<OsString> {
+    if let Some(first) = args.get(1).and_then(|a| a.to_str()) {
+        if !first.starts_with('-') && !SUBCOMMANDS.contains(&first) {
+            args.insert(1, "mount".into());
+        }
+    }
+    args
+}
+
+fn init_logging(debug: bool) {
+    let default = if debug { "debug" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("XPACKFS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+fn mount_options(m: &ArgMatches) -> Result<options::MountOptions, String> {
+    let mut opts = options::MountOptions::default();
+    for list in m.get_many::<String>("o").into_iter().flatten() {
+        opts.apply_list(list)?;
+    }
+    for &(key, takes_value, _) in options::OPTIONS {
+        if takes_value {
+            if let Some(v) = m.get_one::<String>(key) {
+                opts.set(key, Some(v))?;
+            }
+        } else if m.get_flag(key) {
+            opts.set(key, None)?;
+        }
+    }
+    if m.get_flag("foreground_flag") {
+        opts.foreground = true;
+    }
+    Ok(opts)
+}
+
+fn run_mount(m: &ArgMatches) -> i32 {
+    let opts = match mount_options(m) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("xpackfs: {e}");
+            return 2;
+        }
+    };
+    let source = m.get_one::<PathBuf>("source").unwrap();
+    let source = match std::fs::canonicalize(source) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("xpackfs: source {}: {e}", source.display());
+            return 1;
+        }
+    };
+    let mountpoint = m.get_one::<String>("mountpoint").unwrap().clone();
+    let mountpoint = if mountpoint.starts_with("/dev/fd/") {
+        mountpoint
+    } else {
+        match std::fs::canonicalize(&mountpoint) {
+            Ok(p) => p.to_string_lossy().into_owned(),
+            Err(e) => {
+                eprintln!("xpackfs: mountpoint {mountpoint}: {e}");
+                return 1;
+            }
+        }
+    };
+    let mut opts = opts;
+    opts.pack.command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut ready = if opts.foreground { daemon::Readiness::foreground() } else { daemon::daemonize() };
+    if ready.is_background() {
+        let _ = std::env::set_current_dir("/");
+    }
+    daemon::block_signals();
+    init_logging(opts.debug);
+    match serve::mount(&source, &mountpoint, opts, &mut ready) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            ready.failed(&e);
+            1
+        }
+    }
+}
+
+pub fn main() -> i32 {
+    let args = normalize(std::env::args_os().collect());
+    let matches = match command().try_get_matches_from(args) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    match matches.subcommand() {
+        Some(("mount", m)) => run_mount(m),
+        Some(("inspect", m)) => {
+            let pack = m.get_one::<PathBuf>("pack").unwrap();
+            match crate::view::expert_pack::inspect(pack, *m.get_one::<usize>("limit").unwrap()) {
+                Ok(v) => {
+                    println!("{}", crate::pyjson::dumps(&v, &crate::pyjson::Style::PRETTY_SORTED));
+                    0
+                }
+                Err(e) => {
+                    eprintln!("xpackfs: {e}");
+                    1
+                }
+            }
+        }
+        Some(("digest", m)) => {
+            init_logging(false);
+            let path = m.get_one::<PathBuf>("source").unwrap();
+            let store = crate::digest::DigestStore::from_option(m.get_one::<String>("digest-store").map(String::as_str));
+            let result = crate::source::Source::open(path)
+                .map_err(|e| e.to_string())
+                .and_then(|s| crate::digest::obtain(&s, &store, None).map_err(|e| e.to_string()));
+            match result {
+                Ok(d) => {
+                    println!(
+                        "{}",
+                        serde_json::json!({"source_sha256": d.source_sha256, "header_sha256": d.header_sha256,
+                            "tensors": d.tensors.len(), "store": store.dir})
+                    );
+                    0
+                }
+                Err(e) => {
+                    eprintln!("xpackfs: {e}");
+                    1
+                }
+            }
+        }
+        _ => 2,
+    }
+}

@@ -1,0 +1,127 @@
+//! Serving views over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
+//! adapter (`fuse`), mount options (`options`) and process plumbing (`daemon`).
+
+pub mod daemon;
+pub mod fs;
+pub mod fuse;
+pub mod options;
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use parking_lot::Mutex;
+
+use crate::digest::DigestStore;
+use crate::source::Source;
+use crate::view::{expert_pack, Tree, ViewError};
+use fs::{Fs, Ownership};
+use options::MountOptions;
+
+/// Build the view tree a mount of `source` with `opts` serves.
+pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewError> {
+    let store = DigestStore::from_option(opts.digest_store.as_deref());
+    match opts.view.as_str() {
+        "expert-pack" => expert_pack::build(source, &store, &opts.pack),
+        other => Err(ViewError::Option { option: "view", rule: format!("unknown view {other:?}") }),
+    }
+}
+
+/// Owner, read bits and mtime of the served files come from the source file.
+pub fn ownership_of(path: &Path) -> std::io::Result<Ownership> {
+    let m = std::fs::metadata(path)?;
+    Ok(Ownership {
+        uid: m.uid(),
+        gid: m.gid(),
+        read_bits: (m.mode() & 0o444) as u16,
+        mtime: m.modified().unwrap_or(std::time::UNIX_EPOCH),
+    })
+}
+
+fn fd_mountpoint(mountpoint: &str) -> Option<i32> {
+    mountpoint.strip_prefix("/dev/fd/")?.parse().ok()
+}
+
+/// Set the mount's readahead through its backing-device entry in sysfs.
+fn set_read_ahead(mountpoint: &Path, kb: u32) {
+    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    match std::fs::write(&path, kb.to_string()) {
+        Ok(()) => tracing::info!("read_ahead_kb={kb} set in {path}"),
+        Err(e) => tracing::warn!("could not set {path}: {e}"),
+    }
+}
+
+/// Mount and serve until unmounted or signalled. `ready` is told once the mount is live.
+pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready: &mut daemon::Readiness) -> Result<(), String> {
+    let fd_mode = fd_mountpoint(mountpoint);
+    let mount_path = match fd_mode {
+        Some(_) => opts.mountpoint_path.clone().unwrap_or_else(|| PathBuf::from(mountpoint)),
+        None => std::fs::canonicalize(mountpoint).map_err(|e| format!("mountpoint {mountpoint}: {e}"))?,
+    };
+    opts.pack.pack_dir = opts.mountpoint_path.clone().unwrap_or_else(|| mount_path.clone());
+
+    let source = Source::open(source_path).map_err(|e| e.to_string())?;
+    let tree = build_tree(&source, &opts).map_err(|e| e.to_string())?;
+    let owner = ownership_of(source_path).map_err(|e| format!("{}: {e}", source_path.display()))?;
+    let fs = Arc::new(Fs::new(tree, owner));
+    let adapter = fuse::FuseAdapter { fs: fs.clone(), max_read: opts.max_read };
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName(source_path.to_string_lossy().into_owned()),
+        MountOption::CUSTOM("subtype=xpackfs".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+    ];
+    if opts.auto_unmount {
+        config.mount_options.push(MountOption::AutoUnmount);
+    }
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else if opts.allow_root || opts.auto_unmount {
+        SessionACL::RootAndOwner
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+
+    let session = match fd_mode {
+        Some(fd) => {
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            Session::from_fd(adapter, owned, config.acl, config)
+        }
+        None => Session::new(adapter, &mount_path, &config),
+    }
+    .map_err(|e| format!("mounting on {}: {e}", mount_path.display()))?;
+    if let (Some(kb), None) = (opts.read_ahead_kb, fd_mode) {
+        set_read_ahead(&mount_path, kb);
+    }
+
+    let mut session = session;
+    let unmounter = Arc::new(Mutex::new(session.unmount_callable()));
+    {
+        let unmounter = unmounter.clone();
+        let fd_mode = fd_mode.is_some();
+        std::thread::spawn(move || {
+            let sig = daemon::wait_for_signal();
+            tracing::info!("signal {sig}: unmounting");
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+            if fd_mode || unmounter.lock().unmount().is_err() {
+                std::process::exit(0);
+            }
+        });
+    }
+    tracing::info!("mounted {} on {} ({} files)", source_path.display(), mount_path.display(), fs.tree().files().len());
+    ready.ready(opts.log_file.as_deref());
+    session.run().map_err(|e| format!("FUSE session: {e}"))?;
+    tracing::info!("unmounted {}", mount_path.display());
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! Mount options. Every option can be given as a flag (`--top-k 6`) or in `-o` form
+//! (`-o top_k=6`, as fstab and `mount -t fuse.xpackfs` pass them); both end up in
+//! [`MountOptions::set`]. Generic mount options that mean nothing to a read-only
+//! virtual filesystem (rw, dev, suid, noatime, _netdev, x-systemd.*, ...) are accepted
+//! and ignored so that fstab lines work.
+
+use std::path::PathBuf;
+
+use crate::view::expert_pack::PackOptions;
+
+/// (key, takes a value, help). The single list from which `-o` parsing and the help text come.
+pub const OPTIONS: &[(&str, bool, &str)] = &[
+    ("view", true, "view to serve: expert-pack (default)"),
+    ("name", true, "file name stem of the pack (default: the source's stem)"),
+    ("model_ref", true, "model reference recorded in the manifest (default deepseek-v4-flash)"),
+    ("model_identity_sha256", true, "model identity digest, 64 hex (default: sha256 of the GGUF header)"),
+    ("config_sha256", true, "config digest, 64 hex (default: sha256 of config_blob, else of the GGUF header)"),
+    ("config_blob", true, "config file whose sha256 is the config digest"),
+    ("num_layers", true, "expected layer count (checked against the source)"),
+    ("num_experts", true, "expected routed-expert count (checked against the source)"),
+    ("top_k", true, "experts per token recorded in the header (default: GGUF expert_used_count, else 6)"),
+    ("alignment", true, "pack alignment, a power of two (default 4096)"),
+    ("source_sha256", true, "expected sha256 of the source; the mount fails if it differs"),
+    ("digest_store", true, "directory of remembered digests, or 'none' (default /var/lib/xpackfs/digests for root)"),
+    ("threads", true, "FUSE worker threads (default 8)"),
+    ("max_read", true, "largest read request in bytes, up to 1 MiB (default 1 MiB)"),
+    ("read_ahead_kb", true, "kernel readahead of the mount in KiB (default: kernel's)"),
+    ("allow_other", false, "let other users access the mount"),
+    ("allow_root", false, "let root access the mount"),
+    ("auto_unmount", false, "unmount when the daemon dies (needs fusermount3)"),
+    ("mountpoint_path", true, "path the manifest names for the mount (when the mountpoint is /dev/fd/N)"),
+    ("log_file", true, "append logs here when running in the background"),
+    ("debug", false, "debug logging"),
+    ("foreground", false, "stay in the foreground (same as -f)"),
+];
+
+/// Generic options accepted and ignored.
+const IGNORED: &[&str] = &[
+    "rw", "ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime", "norelatime",
+    "strictatime", "nodiratime", "diratime", "async", "sync", "dirsync", "auto", "noauto", "user", "nouser", "users",
+    "owner", "group", "defaults", "_netdev", "nofail", "default_permissions", "lazytime", "nolazytime", "silent", "loud",
+    "nosymfollow", "symfollow",
+];
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub view: String,
+    pub pack: PackOptions,
+    pub digest_store: Option<String>,
+    pub threads: usize,
+    pub max_read: u32,
+    pub read_ahead_kb: Option<u32>,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub auto_unmount: bool,
+    pub mountpoint_path: Option<PathBuf>,
+    pub log_file: Option<PathBuf>,
+    pub debug: bool,
+    pub foreground: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            view: "expert-pack".into(),
+            pack: PackOptions::default(),
+            digest_store: None,
+            threads: 8,
+            max_read: 1 << 20,
+            read_ahead_kb: None,
+            allow_other: false,
+            allow_root: false,
+            auto_unmount: false,
+            mountpoint_path: None,
+            log_file: None,
+            debug: false,
+            foreground: false,
+        }
+    }
+}
+
+fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("option {key}: {v:?} is not a valid number"))
+}
+
+impl MountOptions {
+    /// Apply one option, `key` with or without `=value`.
+    pub fn set(&mut self, key: &str, value: Option<&str>) -> Result<(), String> {
+        if key.starts_with("x-") || key.starts_with("comment") {
+            return Ok(());
+        }
+        let key = key.replace('-', "_");
+        let key = key.as_str();
+        if IGNORED.contains(&key) {
+            return Ok(());
+        }
+        let Some(&(_, takes_value, _)) = OPTIONS.iter().find(|o| o.0 == key) else {
+            return Err(format!("unknown option {key:?}; see `xpackfs mount --help`"));
+        };
+        let v = match (takes_value, value) {
+            (true, Some(v)) => v,
+            (true, None) => return Err(format!("option {key} needs a value ({key}=...)")),
+            (false, None) => "",
+            (false, Some(v)) => return Err(format!("option {key} takes no value, got {v:?}")),
+        };
+        let p = &mut self.pack;
+        match key {
+            "view" => {
+                if v != "expert-pack" {
+                    return Err(format!("option view: unknown view {v:?}; available: expert-pack"));
+                }
+                self.view = v.into()
+            }
+            "name" => {
+                if v.is_empty() || v.contains('/') || v == "." || v == ".." {
+                    return Err(format!("option name: {v:?} is not a plain file name"));
+                }
+                p.name = Some(v.into())
+            }
+            "model_ref" => p.model_ref = v.into(),
+            "model_identity_sha256" => p.model_identity_sha256 = Some(hex64(key, v)?),
+            "config_sha256" => p.config_sha256 = Some(hex64(key, v)?),
+            "config_blob" => p.config_blob = Some(v.into()),
+            "num_layers" => p.num_layers = Some(num(key, v)?),
+            "num_experts" => p.num_experts = Some(num(key, v)?),
+            "top_k" => p.top_k = Some(num(key, v)?),
+            "alignment" => {
+                let a: u64 = num(key, v)?;
+                if a == 0 || !a.is_power_of_two() {
+                    return Err(format!("option alignment: {a} is not a power of two"));
+                }
+                p.alignment = a
+            }
+            "source_sha256" => p.source_sha256 = Some(hex64(key, v)?),
+            "digest_store" => self.digest_store = Some(v.into()),
+            "threads" => {
+                self.threads = num(key, v)?;
+                if self.threads == 0 || self.threads > 256 {
+                    return Err("option threads: must be 1..=256".into());
+                }
+            }
+            "max_read" => {
+                self.max_read = num(key, v)?;
+                if !(4096..=1 << 20).contains(&self.max_read) {
+                    return Err("option max_read: must be 4096..=1048576".into());
+                }
+            }
+            "read_ahead_kb" => self.read_ahead_kb = Some(num(key, v)?),
+            "allow_other" => self.allow_other = true,
+            "allow_root" => self.allow_root = true,
+            "auto_unmount" => self.auto_unmount = true,
+            "mountpoint_path" => self.mountpoint_path = Some(v.into()),
+            "log_file" => self.log_file = Some(v.into()),
+            "debug" => self.debug = true,
+            "foreground" => self.foreground = true,
+            _ => unreachable!("option {key} listed but not handled"),
+        }
+        Ok(())
+    }
+
+    /// Apply a comma-separated `-o` list.
+    pub fn apply_list(&mut self, list: &str) -> Result<(), String> {
+        for item in list.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = match item.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (item, None),
+            };
+            self.set(k, v)?;
+        }
+        Ok(())
+    }
+}
+
+fn hex64(key: &str, v: &str) -> Result<String, String> {
+    if v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(v.to_ascii_lowercase())
+    } else {
+        Err(format!("option {key}: {v:?} is not a sha256 (64 hex digits)"))
+    }
+}
+
+pub fn help_text() -> String {
+    let mut s = String::from("Mount options (as -o key[=value],... or as --key value flags):\n");
+    for (k, takes, help) in OPTIONS {
+        let left = if *takes { format!("{k}=VALUE") } else { k.to_string() };
+        s.push_str(&format!("  {left:<28} {help}\n"));
+    }
+    s.push_str("  Generic options (rw, ro, nodev, nosuid, noatime, _netdev, nofail, x-systemd.*, ...) are ignored;\n  the mount is always read-only.\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fstab_style_list() {
+        let mut o = MountOptions::default();
+        o.apply_list("rw,nodev,nosuid,_netdev,x-systemd.automount,top_k=4,alignment=65536,allow_other,debug").unwrap();
+        assert_eq!(o.pack.top_k, Some(4));
+        assert_eq!(o.pack.alignment, 65536);
+        assert!(o.allow_other && o.debug);
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        let mut o = MountOptions::default();
+        assert!(o.apply_list("bogus=1").unwrap_err().contains("bogus"));
+        assert!(o.apply_list("alignment=3000").unwrap_err().contains("power of two"));
+        assert!(o.apply_list("top_k").unwrap_err().contains("needs a value"));
+        assert!(o.apply_list("source_sha256=abc").unwrap_err().contains("64 hex"));
+        assert!(o.apply_list("name=../x").unwrap_err().contains("plain file name"));
+    }
+}

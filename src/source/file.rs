@@ -1,0 +1,100 @@
+//! One open source file: its path, a read-only descriptor, and the identity it had
+//! when it was opened (device, inode, size, mtime, ctime).
+//!
+//! Every byte xpackfs serves from a source goes through [`SourceFile::read_exact_at`],
+//! which uses `pread` (never a mapping: a source truncated under a mapping would
+//! raise SIGBUS in the daemon) and re-checks the identity after the read, so bytes
+//! read from a file that changed underneath are never handed out.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use super::SourceError;
+
+/// What identifies a file's content without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileIdentity {
+    pub device: u64,
+    pub inode: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl FileIdentity {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        FileIdentity {
+            device: meta.dev(),
+            inode: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct SourceFile {
+    path: PathBuf,
+    file: File,
+    identity: FileIdentity,
+}
+
+impl SourceFile {
+    pub fn open(path: &Path) -> Result<Self, SourceError> {
+        let io = |e| SourceError::Io { path: path.to_path_buf(), source: e };
+        let file = File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(SourceError::format(path, "source must be a regular file"));
+        }
+        Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
+    pub fn size(&self) -> u64 {
+        self.identity.size
+    }
+
+    /// Check that the open file still has the identity it had when opened.
+    pub fn check_unchanged(&self) -> Result<(), SourceError> {
+        let meta = self.file.metadata().map_err(|e| SourceError::Io { path: self.path.clone(), source: e })?;
+        let now = FileIdentity::of(&meta);
+        if now != self.identity {
+            let what = if now.size != self.identity.size {
+                format!("size changed from {} to {}", self.identity.size, now.size)
+            } else {
+                "modified in place (mtime/ctime changed)".to_string()
+            };
+            return Err(SourceError::Changed { path: self.path.clone(), what });
+        }
+        Ok(())
+    }
+
+    /// Fill `buf` from `offset`, failing on a short read or a changed file.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), SourceError> {
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > self.identity.size) {
+            return Err(SourceError::format(
+                &self.path,
+                format!("read of {} bytes at {offset} is beyond the end of the file ({})", buf.len(), self.identity.size),
+            ));
+        }
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                SourceError::Changed { path: self.path.clone(), what: format!("short read at offset {offset}: file shrank") }
+            } else {
+                SourceError::Io { path: self.path.clone(), source: e }
+            }
+        })?;
+        self.check_unchanged()
+    }
+}

@@ -1,0 +1,492 @@
+//! GGUF reader (versions 2 and 3), headers only.
+//!
+//! The header is read with `pread` into a buffer that grows as parsing needs it, capped
+//! at [`Limits::max_header_bytes`], so a hostile file cannot make the daemon allocate
+//! more than the caps allow: every count and length is checked against the bytes that
+//! remain in the file *before* anything is allocated for it. Tensor data is never read
+//! here.
+//!
+//! Validation follows ggml's loader (`gguf.cpp`) where it is stricter than gguf-py:
+//! version 2 or 3, tensor names shorter than 64 bytes and unique, 1..=4 dimensions,
+//! known types, the first dimension a whole number of blocks, byte sizes that do not
+//! overflow, offsets aligned to `general.alignment`; plus what a filesystem needs: every
+//! tensor inside the file and no two tensors overlapping.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Source, SourceError, SourceFile, SourceKind, TensorInfo};
+use crate::codec::GgmlType;
+
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+pub const MAX_NAME_BYTES: u64 = 63;
+pub const MAX_DIMS: u32 = 4;
+
+/// Caps on what a header may make the reader allocate.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_header_bytes: u64,
+    pub max_tensors: u64,
+    pub max_kv: u64,
+    pub max_string_bytes: u64,
+    /// Arrays longer than this are parsed (and checked) but their values are not kept.
+    pub max_kept_array_len: u64,
+    pub max_split_files: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 512 << 20,
+            max_tensors: 1 << 20,
+            max_kv: 1 << 20,
+            max_string_bytes: 64 << 20,
+            max_kept_array_len: 1 << 20,
+            max_split_files: 4096,
+        }
+    }
+}
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    /// Element type id, element count, and the values when the array is short enough to keep.
+    Array { elem_type: u32, len: u64, values: Option<Vec<MetaValue>> },
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl MetaValue {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            MetaValue::U8(v) => Some(v as u64),
+            MetaValue::U16(v) => Some(v as u64),
+            MetaValue::U32(v) => Some(v as u64),
+            MetaValue::U64(v) => Some(v),
+            MetaValue::I8(v) if v >= 0 => Some(v as u64),
+            MetaValue::I16(v) if v >= 0 => Some(v as u64),
+            MetaValue::I32(v) if v >= 0 => Some(v as u64),
+            MetaValue::I64(v) if v >= 0 => Some(v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            MetaValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Header facts of one GGUF file.
+#[derive(Debug, Clone)]
+pub struct GgufFileHeader {
+    pub version: u32,
+    pub alignment: u64,
+    pub data_offset: u64,
+    pub tensor_count: u64,
+    pub metadata: BTreeMap<String, MetaValue>,
+}
+
+/// GGUF-specific facts of a source: one header per file (one file unless split).
+#[derive(Debug, Clone)]
+pub struct GgufMeta {
+    pub headers: Vec<GgufFileHeader>,
+}
+
+impl GgufMeta {
+    /// Metadata of the first file (split files repeat the model's keys in the first one).
+    pub fn metadata(&self) -> &BTreeMap<String, MetaValue> {
+        &self.headers[0].metadata
+    }
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata().get(key)
+    }
+    /// `{general.architecture}.{suffix}` as an unsigned integer.
+    pub fn arch_u64(&self, suffix: &str) -> Option<u64> {
+        let arch = self.get("general.architecture")?.as_str()?;
+        self.get(&format!("{arch}.{suffix}"))?.as_u64()
+    }
+}
+
+/// `prefix-00001-of-00003` -> (`prefix`, 1, 3).
+pub fn split_parts(stem: &str) -> Option<(&str, u32, u32)> {
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, no) = rest.rsplit_once('-')?;
+    if no.len() != 5 || count.len() != 5 || !no.bytes().all(|b| b.is_ascii_digit()) || !count.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((prefix, no.parse().ok()?, count.parse().ok()?))
+}
+
+/// Open a GGUF file, or a whole split set when `path` names one of its parts.
+pub fn open(path: &Path) -> Result<Source, SourceError> {
+    open_with_limits(path, &Limits::default())
+}
+
+pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceError> {
+    let paths = split_set_paths(path, limits)?;
+    let mut files = Vec::with_capacity(paths.len());
+    let mut headers = Vec::with_capacity(paths.len());
+    let mut tensors: Vec<TensorInfo> = Vec::new();
+    let mut names: HashSet<String> = HashSet::new();
+    let mut logical_base = 0u64;
+    for (index, p) in paths.iter().enumerate() {
+        let file = Arc::new(SourceFile::open(p)?);
+        let (header, file_tensors) = parse_file(&file, index, logical_base, limits)?;
+        if paths.len() > 1 {
+            check_split_keys(p, &header, index as u64, paths.len() as u64)?;
+        }
+        for t in file_tensors {
+            if !names.insert(t.name.clone()) {
+                return Err(SourceError::tensor(p, &t.name, "duplicate tensor name in the split set"));
+            }
+            tensors.push(t);
+        }
+        logical_base = logical_base
+            .checked_add(file.size())
+            .ok_or_else(|| SourceError::format(p, "split set size overflows"))?;
+        headers.push(header);
+        files.push(file);
+    }
+    if paths.len() > 1 {
+        if let Some(total) = headers[0].metadata.get("split.tensors.count").and_then(MetaValue::as_u64) {
+            if total != tensors.len() as u64 {
+                return Err(SourceError::format(
+                    &paths[0],
+                    format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len()),
+                ));
+            }
+        }
+    }
+    Ok(Source { files, kind: SourceKind::Gguf(GgufMeta { headers }), tensors })
+}
+
+fn split_set_paths(path: &Path, limits: &Limits) -> Result<Vec<PathBuf>, SourceError> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some(stem) = name.strip_suffix(".gguf") else {
+        return Ok(vec![path.to_path_buf()]);
+    };
+    let Some((prefix, _, count)) = split_parts(stem) else {
+        return Ok(vec![path.to_path_buf()]);
+    };
+    if count == 0 || count > limits.max_split_files {
+        return Err(SourceError::format(path, format!("split count {count} is out of range 1..={}", limits.max_split_files)));
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let paths: Vec<PathBuf> = (1..=count).map(|i| dir.join(format!("{prefix}-{i:05}-of-{count:05}.gguf"))).collect();
+    for p in &paths {
+        if !p.is_file() {
+            return Err(SourceError::format(p, format!("part of a {count}-file split set is missing")));
+        }
+    }
+    Ok(paths)
+}
+
+fn check_split_keys(path: &Path, header: &GgufFileHeader, index: u64, count: u64) -> Result<(), SourceError> {
+    let get = |key: &str| header.metadata.get(key).and_then(MetaValue::as_u64);
+    match (get("split.no"), get("split.count")) {
+        (Some(no), Some(c)) if no == index && c == count => Ok(()),
+        (no, c) => Err(SourceError::format(
+            path,
+            format!("split keys say split.no={no:?} split.count={c:?}, expected {index} of {count} from the file name"),
+        )),
+    }
+}
+
+/// Buffered header cursor: pread on demand, bounded by the cap and the file size.
+struct Cursor<'a> {
+    file: &'a SourceFile,
+    buf: Vec<u8>,
+    pos: u64,
+    limit: u64,
+    cap: u64,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(file: &'a SourceFile, cap: u64) -> Self {
+        Cursor { file, buf: Vec::new(), pos: 0, limit: file.size().min(cap), cap }
+    }
+
+    fn err(&self, rule: impl Into<String>) -> SourceError {
+        SourceError::format(self.file.path(), rule)
+    }
+
+    fn remaining(&self) -> u64 {
+        self.file.size().saturating_sub(self.pos)
+    }
+
+    /// Make `n` bytes at the cursor available, failing if the file or the cap ends first.
+    fn take(&mut self, n: u64, what: &str) -> Result<&[u8], SourceError> {
+        let end = self.pos.checked_add(n).ok_or_else(|| self.err(format!("{what}: length overflows")))?;
+        if end > self.file.size() {
+            return Err(self.err(format!(
+                "truncated: {what} needs {n} bytes at offset {}, but the file is {} bytes",
+                self.pos,
+                self.file.size()
+            )));
+        }
+        if end > self.limit {
+            return Err(self.err(format!("header exceeds the {} byte cap while reading {what}", self.cap)));
+        }
+        if end > self.buf.len() as u64 {
+            let want = end.max((self.buf.len() as u64 + (1 << 20)).min(self.limit));
+            let start = self.buf.len();
+            self.buf.resize(want as usize, 0);
+            self.file.read_exact_at(&mut self.buf[start..], start as u64)?;
+        }
+        let slice = &self.buf[self.pos as usize..end as usize];
+        self.pos = end;
+        Ok(slice)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, SourceError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, SourceError> {
+        Ok(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap()))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, SourceError> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, SourceError> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+
+    fn string(&mut self, what: &str, max: u64) -> Result<String, SourceError> {
+        let len = self.u64(what)?;
+        if len > max {
+            return Err(self.err(format!("{what}: string length {len} exceeds the cap of {max} bytes")));
+        }
+        if len > self.remaining() {
+            return Err(self.err(format!(
+                "truncated: {what} claims a {len} byte string at offset {}, but only {} bytes remain",
+                self.pos,
+                self.remaining()
+            )));
+        }
+        let bytes = self.take(len, what)?.to_vec();
+        String::from_utf8(bytes).map_err(|_| self.err(format!("{what}: string is not valid UTF-8")))
+    }
+}
+
+const TYPE_ARRAY: u32 = 9;
+const TYPE_STRING: u32 = 8;
+
+fn scalar_size(t: u32) -> Option<u64> {
+    match t {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4 | 5 | 6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
+    }
+}
+
+fn read_value(c: &mut Cursor, t: u32, key: &str, limits: &Limits, in_array: bool) -> Result<MetaValue, SourceError> {
+    let what = format!("metadata {key:?}");
+    Ok(match t {
+        0 => MetaValue::U8(c.u8(&what)?),
+        1 => MetaValue::I8(c.u8(&what)? as i8),
+        2 => MetaValue::U16(c.u16(&what)?),
+        3 => MetaValue::I16(c.u16(&what)? as i16),
+        4 => MetaValue::U32(c.u32(&what)?),
+        5 => MetaValue::I32(c.u32(&what)? as i32),
+        6 => MetaValue::F32(f32::from_bits(c.u32(&what)?)),
+        7 => match c.u8(&what)? {
+            0 => MetaValue::Bool(false),
+            1 => MetaValue::Bool(true),
+            v => return Err(c.err(format!("{what}: bool value {v} is neither 0 nor 1"))),
+        },
+        TYPE_STRING => MetaValue::Str(c.string(&what, limits.max_string_bytes)?),
+        TYPE_ARRAY => {
+            if in_array {
+                return Err(c.err(format!("{what}: nested arrays are not allowed")));
+            }
+            let elem_type = c.u32(&what)?;
+            let len = c.u64(&what)?;
+            let min_elem = match elem_type {
+                TYPE_STRING => 8,
+                TYPE_ARRAY => return Err(c.err(format!("{what}: nested arrays are not allowed"))),
+                t => scalar_size(t).ok_or_else(|| c.err(format!("{what}: unknown array element type {t}")))?,
+            };
+            if len.checked_mul(min_elem).is_none_or(|n| n > c.remaining()) {
+                return Err(c.err(format!(
+                    "{what}: array of {len} elements cannot fit in the {} bytes that remain",
+                    c.remaining()
+                )));
+            }
+            let keep = len <= limits.max_kept_array_len;
+            let mut values = if keep { Some(Vec::with_capacity(len as usize)) } else { None };
+            for _ in 0..len {
+                let v = read_value(c, elem_type, key, limits, true)?;
+                if let Some(vs) = values.as_mut() {
+                    vs.push(v);
+                }
+            }
+            MetaValue::Array { elem_type, len, values }
+        }
+        10 => MetaValue::U64(c.u64(&what)?),
+        11 => MetaValue::I64(c.u64(&what)? as i64),
+        12 => MetaValue::F64(f64::from_bits(c.u64(&what)?)),
+        t => return Err(c.err(format!("{what}: unknown value type {t}"))),
+    })
+}
+
+/// Parse one GGUF file's header and tensor table, and validate the tensor ranges.
+pub fn parse_file(
+    file: &SourceFile,
+    file_index: usize,
+    logical_base: u64,
+    limits: &Limits,
+) -> Result<(GgufFileHeader, Vec<TensorInfo>), SourceError> {
+    let path = file.path();
+    let mut c = Cursor::new(file, limits.max_header_bytes);
+    let magic = c.take(4, "magic")?;
+    if magic != GGUF_MAGIC {
+        return Err(SourceError::format(path, format!("bad magic {:02x?}: not a GGUF file", magic)));
+    }
+    let version = c.u32("version")?;
+    if version != 2 && version != 3 {
+        return Err(SourceError::format(path, format!("unsupported GGUF version {version} (2 and 3 are supported)")));
+    }
+    let tensor_count = c.u64("tensor count")?;
+    let kv_count = c.u64("metadata count")?;
+    // A tensor info takes at least 8 (name len) + 4 (n_dims) + 8 (ne) + 4 (type) + 8 (offset) bytes,
+    // a key/value at least 8 + 4 + 1.
+    if tensor_count > limits.max_tensors || tensor_count.saturating_mul(32) > c.remaining() {
+        return Err(SourceError::format(
+            path,
+            format!("tensor count {tensor_count} cannot fit in the file (cap {})", limits.max_tensors),
+        ));
+    }
+    if kv_count > limits.max_kv || kv_count.saturating_mul(13) > c.remaining() {
+        return Err(SourceError::format(path, format!("metadata count {kv_count} cannot fit in the file (cap {})", limits.max_kv)));
+    }
+
+    let mut metadata = BTreeMap::new();
+    for i in 0..kv_count {
+        let key = c.string(&format!("metadata key #{i}"), 65535)?;
+        let t = c.u32(&format!("type of metadata {key:?}"))?;
+        let value = read_value(&mut c, t, &key, limits, false)?;
+        if metadata.insert(key.clone(), value).is_some() {
+            return Err(SourceError::format(path, format!("duplicate metadata key {key:?}")));
+        }
+    }
+
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(MetaValue::U32(a)) if *a != 0 && a.is_power_of_two() => *a as u64,
+        Some(v) => {
+            return Err(SourceError::format(path, format!("general.alignment must be a UINT32 power of two, got {v:?}")));
+        }
+    };
+
+    struct RawInfo {
+        name: String,
+        shape: Vec<u64>,
+        type_id: u32,
+        rel_offset: u64,
+    }
+    let mut raw = Vec::with_capacity(tensor_count as usize);
+    let mut seen = HashSet::with_capacity(tensor_count as usize);
+    for i in 0..tensor_count {
+        let name = c.string(&format!("name of tensor #{i}"), limits.max_string_bytes)?;
+        if name.len() as u64 > MAX_NAME_BYTES {
+            return Err(SourceError::tensor(path, &name, format!("name is {} bytes; ggml allows at most {MAX_NAME_BYTES}", name.len())));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(SourceError::tensor(path, &name, "duplicate tensor name"));
+        }
+        let n_dims = c.u32(&format!("dimension count of tensor {name:?}"))?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(SourceError::tensor(path, &name, format!("{n_dims} dimensions; 1 to {MAX_DIMS} are allowed")));
+        }
+        let mut shape = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            shape.push(c.u64(&format!("shape of tensor {name:?}"))?);
+        }
+        let type_id = c.u32(&format!("type of tensor {name:?}"))?;
+        let rel_offset = c.u64(&format!("offset of tensor {name:?}"))?;
+        raw.push(RawInfo { name, shape, type_id, rel_offset });
+    }
+    let header_end = c.pos;
+    let data_offset = header_end
+        .checked_next_multiple_of(alignment)
+        .ok_or_else(|| SourceError::format(path, "data offset overflows"))?;
+    if data_offset > file.size() && tensor_count > 0 {
+        return Err(SourceError::format(
+            path,
+            format!("truncated: the data section starts at {data_offset} but the file is {} bytes", file.size()),
+        ));
+    }
+
+    let mut tensors = Vec::with_capacity(raw.len());
+    for r in raw {
+        let ggml_type = GgmlType::from_id(r.type_id)
+            .ok_or_else(|| SourceError::tensor(path, &r.name, format!("unknown ggml type id {}", r.type_id)))?;
+        let mut rows = 1u64;
+        for &d in &r.shape[1..] {
+            rows = rows.checked_mul(d).ok_or_else(|| SourceError::tensor(path, &r.name, "element count overflows"))?;
+        }
+        let row_bytes = ggml_type.row_bytes(r.shape[0]).ok_or_else(|| {
+            SourceError::tensor(
+                path,
+                &r.name,
+                format!("first dimension {} is not a multiple of the {} block size {}", r.shape[0], ggml_type, ggml_type.block_size),
+            )
+        })?;
+        let nbytes = row_bytes
+            .checked_mul(rows)
+            .filter(|n| *n <= i64::MAX as u64)
+            .ok_or_else(|| SourceError::tensor(path, &r.name, format!("byte size of shape {:?} overflows", r.shape)))?;
+        if r.rel_offset % alignment != 0 {
+            return Err(SourceError::tensor(path, &r.name, format!("offset {} is not a multiple of the alignment {alignment}", r.rel_offset)));
+        }
+        let offset = data_offset
+            .checked_add(r.rel_offset)
+            .ok_or_else(|| SourceError::tensor(path, &r.name, "offset overflows"))?;
+        if offset.checked_add(nbytes).is_none_or(|end| end > file.size()) {
+            return Err(SourceError::tensor(
+                path,
+                &r.name,
+                format!("data [{offset}, {offset}+{nbytes}) lies beyond the end of the file ({} bytes)", file.size()),
+            ));
+        }
+        tensors.push(TensorInfo {
+            name: r.name,
+            ggml_type,
+            shape: r.shape,
+            file: file_index,
+            offset,
+            nbytes,
+            logical_offset: logical_base + offset,
+        });
+    }
+
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| (t.offset, t.nbytes));
+    for pair in by_offset.windows(2) {
+        if pair[0].nbytes > 0 && pair[1].offset < pair[0].offset + pair[0].nbytes {
+            return Err(SourceError::tensor(
+                path,
+                &pair[1].name,
+                format!("data at {} overlaps tensor {:?} ending at {}", pair[1].offset, pair[0].name, pair[0].offset + pair[0].nbytes),
+            ));
+        }
+    }
+
+    Ok((GgufFileHeader { version, alignment, data_offset, tensor_count, metadata }, tensors))
+}

@@ -1,0 +1,100 @@
+//! Checkpoint readers. A [`Source`] is parsed from headers only: a table of tensors, each
+//! pointing at a byte range in one of the source's files. Content is read later, on
+//! demand, through [`SourceFile::read_exact_at`].
+//!
+//! A split GGUF set (`name-00001-of-0000N.gguf`) is one logical source: its files are
+//! concatenated in order, and a tensor's *logical offset* is its offset in that
+//! concatenation (for a single file it is simply the file offset).
+
+pub mod file;
+pub mod gguf;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use file::{FileIdentity, SourceFile};
+
+use crate::codec::GgmlType;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: {rule}", path.display())]
+    Format { path: PathBuf, rule: String },
+    #[error("{}: tensor {tensor:?}: {rule}", path.display())]
+    Tensor { path: PathBuf, tensor: String, rule: String },
+    #[error("{}: source changed while in use: {what}", path.display())]
+    Changed { path: PathBuf, what: String },
+}
+
+impl SourceError {
+    pub fn format(path: &Path, rule: impl Into<String>) -> Self {
+        SourceError::Format { path: path.to_path_buf(), rule: rule.into() }
+    }
+    pub fn tensor(path: &Path, tensor: &str, rule: impl Into<String>) -> Self {
+        SourceError::Tensor { path: path.to_path_buf(), tensor: tensor.to_string(), rule: rule.into() }
+    }
+}
+
+/// One tensor of a source.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ggml_type: GgmlType,
+    /// GGUF order: `shape[0]` is the contiguous dimension (ggml's `ne`).
+    pub shape: Vec<u64>,
+    /// Index into [`Source::files`].
+    pub file: usize,
+    /// Absolute offset in its file.
+    pub offset: u64,
+    pub nbytes: u64,
+    /// Offset in the logical concatenation of the source's files.
+    pub logical_offset: u64,
+}
+
+/// A parsed checkpoint: its files, metadata and tensor table.
+#[derive(Debug)]
+pub struct Source {
+    pub files: Vec<Arc<SourceFile>>,
+    pub kind: SourceKind,
+    /// Tensors in the order of the source's tensor table(s).
+    pub tensors: Vec<TensorInfo>,
+}
+
+#[derive(Debug)]
+pub enum SourceKind {
+    Gguf(gguf::GgufMeta),
+}
+
+impl Source {
+    /// Open a checkpoint by path, detecting its format.
+    pub fn open(path: &Path) -> Result<Source, SourceError> {
+        gguf::open(path)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Total bytes of all files, the size of the logical concatenation.
+    pub fn logical_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size()).sum()
+    }
+
+    /// A short name for the source, used to name views (file stem without split suffix).
+    pub fn stem(&self) -> String {
+        let first = self.files[0].path();
+        let stem = first.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        match gguf::split_parts(&stem) {
+            Some((prefix, _, _)) => prefix.to_string(),
+            None => stem,
+        }
+    }
+
+    pub fn gguf(&self) -> Option<&gguf::GgufMeta> {
+        match &self.kind {
+            SourceKind::Gguf(meta) => Some(meta),
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! A virtual file: a size known up front and a sequence of extents that tile it.
+//!
+//! [`VirtualFile::read_at`] is the one path by which bytes leave a view: the FUSE adapter
+//! and `materialize` both call it, so a mount and a materialized copy cannot disagree.
+
+use std::sync::Arc;
+
+use super::ViewError;
+use crate::source::SourceFile;
+
+/// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
+/// produced whole; callers cache it.
+pub trait ChunkSource: Send + Sync + std::fmt::Debug {
+    /// The whole chunk `id`; its length must equal the extent's length.
+    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError>;
+}
+
+#[derive(Debug, Clone)]
+pub enum Extent {
+    /// Literal bytes held in memory.
+    Bytes(Arc<[u8]>),
+    /// A range of a source file, served as is.
+    Source { file: Arc<SourceFile>, offset: u64, len: u64 },
+    /// Zero bytes.
+    Zeros(u64),
+    /// A computed chunk.
+    Computed { source: Arc<dyn ChunkSource>, id: u64, len: u64 },
+}
+
+impl Extent {
+    pub fn len(&self) -> u64 {
+        match self {
+            Extent::Bytes(b) => b.len() as u64,
+            Extent::Source { len, .. } | Extent::Zeros(len) | Extent::Computed { len, .. } => *len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct VirtualFile {
+    /// (start offset, extent), sorted, contiguous, no empty extents.
+    extents: Vec<(u64, Extent)>,
+    size: u64,
+}
+
+impl VirtualFile {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn from_bytes(bytes: impl Into<Arc<[u8]>>) -> Self {
+        let mut f = Self::new();
+        f.push(Extent::Bytes(bytes.into()));
+        f
+    }
+
+    /// Append an extent; adjacent zero runs are merged, empty extents dropped.
+    pub fn push(&mut self, extent: Extent) {
+        let len = extent.len();
+        if len == 0 {
+            return;
+        }
+        if let (Extent::Zeros(more), Some((_, Extent::Zeros(run)))) = (&extent, self.extents.last_mut()) {
+            *run += more;
+        } else {
+            self.extents.push((self.size, extent));
+        }
+        self.size += len;
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn extents(&self) -> impl Iterator<Item = (u64, &Extent)> {
+        self.extents.iter().map(|(o, e)| (*o, e))
+    }
+
+    /// Read up to `buf.len()` bytes at `offset`; returns the count (short only at EOF).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
+        if offset >= self.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = (buf.len() as u64).min(self.size - offset) as usize;
+        let mut idx = self.extents.partition_point(|(start, _)| *start <= offset) - 1;
+        let mut done = 0usize;
+        while done < want {
+            let (start, extent) = &self.extents[idx];
+            let pos = offset + done as u64;
+            let within = pos - start;
+            let n = ((extent.len() - within) as usize).min(want - done);
+            let out = &mut buf[done..done + n];
+            match extent {
+                Extent::Bytes(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
+                Extent::Zeros(_) => out.fill(0),
+                Extent::Source { file, offset: src, .. } => file.read_exact_at(out, src + within)?,
+                Extent::Computed { source, id, len } => {
+                    let chunk = source.chunk(*id)?;
+                    if chunk.len() as u64 != *len {
+                        return Err(ViewError::Internal(format!(
+                            "computed chunk {id} has {} bytes, its extent {len}",
+                            chunk.len()
+                        )));
+                    }
+                    out.copy_from_slice(&chunk[within as usize..within as usize + n]);
+                }
+            }
+            done += n;
+            idx += 1;
+        }
+        Ok(want)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Counting;
+    impl ChunkSource for Counting {
+        fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
+            Ok((0..5u8).map(|i| i + 10 * id as u8).collect::<Vec<_>>().into())
+        }
+    }
+
+    fn sample() -> VirtualFile {
+        let mut f = VirtualFile::new();
+        f.push(Extent::Bytes(Arc::from(&b"abc"[..])));
+        f.push(Extent::Zeros(2));
+        f.push(Extent::Zeros(1));
+        f.push(Extent::Computed { source: Arc::new(Counting), id: 1, len: 5 });
+        f.push(Extent::Bytes(Arc::from(&b""[..])));
+        f.push(Extent::Bytes(Arc::from(&b"z"[..])));
+        f
+    }
+
+    #[test]
+    fn reads_every_range() {
+        let f = sample();
+        let whole: Vec<u8> = [&b"abc"[..], &[0, 0, 0], &[10, 11, 12, 13, 14], b"z"].concat();
+        assert_eq!(f.size(), whole.len() as u64);
+        assert_eq!(f.extents().count(), 4, "zeros merged, empty dropped");
+        for start in 0..=whole.len() + 2 {
+            for len in 0..=whole.len() + 2 {
+                let mut buf = vec![0xAAu8; len];
+                let n = f.read_at(start as u64, &mut buf).unwrap();
+                let expect = whole.get(start..(start + len).min(whole.len())).unwrap_or(&[]);
+                assert_eq!(&buf[..n], expect, "start {start} len {len}");
+            }
+        }
+    }
+}
