@@ -61,7 +61,9 @@ fn normalize(mut args: Vec<OsString>) -> Vec<OsString> {
 fn init_logging(debug: bool) {
     let default = if debug { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("XPACKFS_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false).try_init();
 }
 
 fn mount_options(m: &ArgMatches) -> Result<options::MountOptions, String> {
@@ -123,8 +125,11 @@ fn run_mount(m: &ArgMatches) -> i32 {
     match serve::mount(&source, &mountpoint, opts, &mut ready) {
         Ok(()) => 0,
         Err(e) => {
-            tracing::error!("{e}");
-            ready.failed(&e);
+            if ready.is_background() {
+                ready.failed(&e); // the waiting parent prints it
+            } else {
+                eprintln!("xpackfs: {e}");
+            }
             1
         }
     }

@@ -490,3 +490,99 @@ pub fn parse_file(
 
     Ok((GgufFileHeader { version, alignment, data_offset, tensor_count, metadata }, tensors))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_bytes() -> Vec<u8> {
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/samples/sample-moe.gguf")).unwrap()
+    }
+
+    fn open_bytes(dir: &Path, name: &str, bytes: &[u8]) -> Result<Source, SourceError> {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        open(&p)
+    }
+
+    #[test]
+    fn sample_parses_with_every_value_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open_bytes(dir.path(), "s.gguf", &sample_bytes()).unwrap();
+        let meta = s.gguf().unwrap();
+        assert_eq!(meta.headers[0].version, 3);
+        assert_eq!(meta.get("xpackfs.sample.u8"), Some(&MetaValue::U8(200)));
+        assert_eq!(meta.get("xpackfs.sample.i8"), Some(&MetaValue::I8(-100)));
+        assert_eq!(meta.get("xpackfs.sample.u16"), Some(&MetaValue::U16(60000)));
+        assert_eq!(meta.get("xpackfs.sample.i16"), Some(&MetaValue::I16(-30000)));
+        assert_eq!(meta.get("xpackfs.sample.u32"), Some(&MetaValue::U32(4_000_000_000)));
+        assert_eq!(meta.get("xpackfs.sample.i32"), Some(&MetaValue::I32(-2_000_000_000)));
+        assert_eq!(meta.get("xpackfs.sample.f32"), Some(&MetaValue::F32(0.125)));
+        assert_eq!(meta.get("xpackfs.sample.bool"), Some(&MetaValue::Bool(true)));
+        assert_eq!(meta.get("xpackfs.sample.u64"), Some(&MetaValue::U64((1 << 63) + 5)));
+        assert_eq!(meta.get("xpackfs.sample.i64"), Some(&MetaValue::I64(-(1 << 62))));
+        assert_eq!(meta.get("xpackfs.sample.f64"), Some(&MetaValue::F64(2.5e-300)));
+        assert_eq!(meta.get("xpackfs.sample.str").and_then(MetaValue::as_str), Some("ünïcode ✓"));
+        match meta.get("tokenizer.ggml.tokens") {
+            Some(MetaValue::Array { elem_type: 8, len: 64, values: Some(v) }) => assert_eq!(v[3], MetaValue::Str("tok3".into())),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(meta.arch_u64("expert_count"), Some(8));
+        let t = s.tensor("blk.1.ffn_down_exps.weight").unwrap();
+        assert_eq!((t.shape.clone(), t.ggml_type.name, t.nbytes), (vec![128, 256, 8], "MXFP4", 8 * 17408));
+        assert_eq!(t.offset % 32, 0);
+    }
+
+    #[test]
+    fn version_2_reads_like_3_and_others_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = sample_bytes();
+        let v3 = open_bytes(dir.path(), "a.gguf", &b).unwrap();
+        b[4..8].copy_from_slice(&2u32.to_le_bytes());
+        let v2 = open_bytes(dir.path(), "b.gguf", &b).unwrap();
+        assert_eq!(v2.gguf().unwrap().headers[0].version, 2);
+        assert_eq!(v2.tensors.len(), v3.tensors.len());
+        for (a, b) in v2.tensors.iter().zip(&v3.tensors) {
+            assert_eq!((&a.name, a.offset, a.nbytes), (&b.name, b.offset, b.nbytes));
+        }
+        for v in [0u32, 1, 4, 0xFFFF_FFFF] {
+            b[4..8].copy_from_slice(&v.to_le_bytes());
+            let e = open_bytes(dir.path(), "c.gguf", &b).unwrap_err().to_string();
+            assert!(e.contains(&format!("unsupported GGUF version {v}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn truncation_at_every_header_byte_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = sample_bytes();
+        let full = open_bytes(dir.path(), "full.gguf", &b).unwrap();
+        let data_offset = full.gguf().unwrap().headers[0].data_offset as usize;
+        let last_end = full.tensors.iter().map(|t| t.offset + t.nbytes).max().unwrap() as usize;
+        let cuts = (0..data_offset).chain((data_offset..last_end).step_by(997)).chain([last_end - 1]);
+        for cut in cuts {
+            let e = open_bytes(dir.path(), "cut.gguf", &b[..cut]).unwrap_err().to_string();
+            assert!(
+                e.contains("truncated") || e.contains("beyond the end of the file") || e.contains("cannot fit"),
+                "cut at {cut}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_cap_is_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.gguf");
+        std::fs::write(&p, sample_bytes()).unwrap();
+        let limits = Limits { max_header_bytes: 1000, ..Limits::default() };
+        let e = open_with_limits(&p, &limits).unwrap_err().to_string();
+        assert!(e.contains("header exceeds the 1000 byte cap"), "{e}");
+    }
+
+    #[test]
+    fn split_names() {
+        assert_eq!(split_parts("model-00002-of-00010"), Some(("model", 2, 10)));
+        assert_eq!(split_parts("model-2-of-10"), None);
+        assert_eq!(split_parts("model"), None);
+    }
+}

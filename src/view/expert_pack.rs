@@ -227,6 +227,11 @@ pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
             }
         }
     }
+    if let Some(k) = opts.top_k {
+        if k == 0 || k > num_experts {
+            return Err(option_err("top_k", format!("{k} must be between 1 and the expert count {num_experts}")));
+        }
+    }
     let role_nbytes = role_nbytes.unwrap().0;
     let object_count = num_layers as u64 * num_experts as u64;
     let index_count = object_count * 3;
@@ -501,7 +506,11 @@ impl ExpertPack {
         let source_raw = parse_hex32("source_sha256", &digests.source_sha256)?;
         let top_k = match opts.top_k {
             Some(k) => k,
-            None => source.gguf().and_then(|m| m.arch_u64("expert_used_count")).map(|k| k as u32).unwrap_or(6),
+            None => match source.gguf().and_then(|m| m.arch_u64("expert_used_count")) {
+                Some(k) => k.min(u32::MAX as u64) as u32,
+                // The seed's default, where the source does not say and it fits.
+                None => 6.min(layout.num_experts),
+            },
         };
         if top_k == 0 || top_k > layout.num_experts {
             return Err(option_err("top_k", format!("{top_k} must be between 1 and the expert count {}", layout.num_experts)));

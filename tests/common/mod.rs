@@ -1,0 +1,122 @@
+//! Helpers for tests that mount for real: paths, the Python tools, and a mount guard
+//! that unmounts and waits for the daemon to be gone.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_xpackfs")
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn sample() -> PathBuf {
+    repo().join("samples/sample-moe.gguf")
+}
+
+/// `shared/` (seeds and references): `$XPACKFS_SHARED`, else `../shared` beside the repo.
+pub fn shared() -> PathBuf {
+    let p = std::env::var_os("XPACKFS_SHARED").map(PathBuf::from).unwrap_or_else(|| repo().join("../shared"));
+    assert!(p.join("seeds").is_dir(), "shared/ with the seeds not found at {} (set XPACKFS_SHARED)", p.display());
+    p
+}
+
+pub fn python() -> Command {
+    Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+}
+
+/// Run a command; panic with its output unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn mounts_line(mountpoint: &Path) -> Option<String> {
+    let want = mountpoint.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/mounts").ok()?.lines().find(|l| l.split(' ').nth(1) == Some(&want)).map(str::to_string)
+}
+
+/// Live (not zombie) processes whose command line mentions `needle`.
+pub fn live_processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").map(|(_, r)| r.chars().next().unwrap_or('?')).unwrap_or('?');
+        if state != 'Z' && String::from_utf8_lossy(&cmdline).contains(needle) && pid != std::process::id() {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A live mount in a temporary directory; unmounted (and its daemon awaited) on drop.
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub store: tempfile::TempDir,
+    pub mountpoint: PathBuf,
+}
+
+impl Mount {
+    pub fn new(source: &Path, opts: &[&str]) -> Mount {
+        Self::try_new(source, opts).unwrap_or_else(|o| panic!("mount failed: {}", String::from_utf8_lossy(&o.stderr)))
+    }
+
+    pub fn try_new(source: &Path, opts: &[&str]) -> Result<Mount, Output> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let mountpoint = dir.path().join("mnt");
+        std::fs::create_dir(&mountpoint).unwrap();
+        let mut o = format!("digest_store={}", store.path().display());
+        for x in opts {
+            o.push(',');
+            o.push_str(x);
+        }
+        let out = Command::new(bin()).arg("mount").arg(source).arg(&mountpoint).arg("-o").arg(o).output().unwrap();
+        if !out.status.success() {
+            return Err(out);
+        }
+        assert!(mounts_line(&mountpoint).is_some(), "mount returned 0 but nothing is mounted");
+        Ok(Mount { dir, store, mountpoint })
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.mountpoint.join(name)
+    }
+
+    pub fn unmount(&self) {
+        if mounts_line(&self.mountpoint).is_some() {
+            run_ok(Command::new("umount").arg(&self.mountpoint));
+        }
+        let needle = self.mountpoint.to_string_lossy().to_string();
+        wait_until("the daemon to exit after unmount", Duration::from_secs(10), || live_processes_mentioning(&needle).is_empty());
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if mounts_line(&self.mountpoint).is_some() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
+        }
+    }
+}
