@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what xpackfs and its tests need on a fresh Debian machine (run as root):
+# fuse3 (mount.fuse3, fusermount3), util-linux (mount, unshare), the Python peers.
+set -euo pipefail
+need_apt=()
+command -v mount.fuse3 >/dev/null || need_apt+=(fuse3)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
+command -v git >/dev/null || need_apt+=(git)
+if ((${#need_apt[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"
