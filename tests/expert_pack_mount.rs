@@ -311,3 +311,20 @@ fn inspect_summarises_packs() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("bad magic"));
     m.unmount();
 }
+
+#[test]
+fn read_ahead_kb_option_sets_the_mounts_bdi() {
+    // Also a regression test: setting it once stat()ed the mountpoint before the session
+    // ran, and the mount deadlocked on its own GETATTR.
+    let m = Mount::new(&sample(), &["read_ahead_kb=2048"]);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dev = info
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f[4] == m.mountpoint.to_string_lossy())
+        .map(|f| f[2].to_string())
+        .unwrap();
+    let ra = std::fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap();
+    assert_eq!(ra.trim(), "2048");
+    m.unmount();
+}

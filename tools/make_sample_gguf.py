@@ -21,7 +21,16 @@ import gguf
 from gguf import GGMLQuantizationType as T
 
 
+FAST = False
+
+
 def quantized(rng: np.random.Generator, shape: tuple[int, ...], qtype: T) -> np.ndarray:
+    if FAST and qtype == T.MXFP4:
+        # Random valid MXFP4 blocks without running the quantiser (for large benchmark files):
+        # E8M0 scale byte in a sane range, then 16 bytes of random nibbles.
+        blocks = rng.integers(0, 256, size=(*shape[:-1], shape[-1] // 32, 17), dtype=np.uint8)
+        blocks[..., 0] = rng.integers(118, 131, size=blocks.shape[:-1], dtype=np.uint8)
+        return blocks.reshape(*shape[:-1], shape[-1] // 32 * 17)
     values = rng.standard_normal(shape, dtype=np.float32) * 0.05
     return gguf.quants.quantize(values, qtype)
 
@@ -39,7 +48,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--split-max-tensors", type=int, default=0, help="write a split set")
     ap.add_argument("--alignment", type=int, default=0, help="general.alignment (default: gguf's 32)")
+    ap.add_argument("--fast-random", action="store_true", help="random MXFP4 bytes instead of quantising (large files)")
     args = ap.parse_args()
+    global FAST
+    FAST = args.fast_random
 
     rng = np.random.default_rng(args.seed)
     arch = "deepseek2"

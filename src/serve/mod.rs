@@ -44,12 +44,26 @@ fn fd_mountpoint(mountpoint: &str) -> Option<i32> {
     mountpoint.strip_prefix("/dev/fd/")?.parse().ok()
 }
 
+/// `major:minor` of the filesystem mounted at `mountpoint`, from /proc/self/mountinfo
+/// (a `stat` of the mountpoint would send a FUSE request before the session runs).
+fn mount_device(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.to_string_lossy();
+    info.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+        })
+        .last()
+}
+
 /// Set the mount's readahead through its backing-device entry in sysfs.
 fn set_read_ahead(mountpoint: &Path, kb: u32) {
-    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
-    let dev = meta.dev();
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    let Some(dev) = mount_device(mountpoint) else {
+        tracing::warn!("read_ahead_kb: {} not found in /proc/self/mountinfo", mountpoint.display());
+        return;
+    };
+    let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     match std::fs::write(&path, kb.to_string()) {
         Ok(()) => tracing::info!("read_ahead_kb={kb} set in {path}"),
         Err(e) => tracing::warn!("could not set {path}: {e}"),
