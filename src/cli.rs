@@ -8,7 +8,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 
 use crate::serve::{self, daemon, options};
 
-const SUBCOMMANDS: &[&str] = &["mount", "inspect", "digest", "help"];
+const SUBCOMMANDS: &[&str] = &["mount", "inspect", "digest", "codec", "help"];
 
 fn command() -> Command {
     let mut mount = Command::new("mount")
@@ -39,6 +39,24 @@ fn command() -> Command {
                 .about("Print a JSON summary of an expert pack: header, role counts, payload bytes, first entries")
                 .arg(Arg::new("pack").required(true).value_parser(clap::value_parser!(PathBuf)))
                 .arg(Arg::new("limit").long("limit").default_value("12").value_parser(clap::value_parser!(usize)).help("entries to show")),
+        )
+        .subcommand(
+            Command::new("codec")
+                .about("Run a codec on raw data: stdin to stdout (used by tools/ggml_ref.py for differential tests)")
+                .subcommand_required(true)
+                .subcommand(
+                    Command::new("quantize")
+                        .about("little-endian f32 rows on stdin -> ggml blocks on stdout (bit-exact with ggml's quantize_<type>)")
+                        .arg(Arg::new("type").long("type").required(true).help("Q8_0, Q2_K or IQ2_XXS"))
+                        .arg(Arg::new("n-per-row").long("n-per-row").required(true).value_parser(clap::value_parser!(usize)))
+                        .arg(Arg::new("importance").long("importance").value_parser(clap::value_parser!(PathBuf)).help("f32 file, one value per column"))
+                        .arg(Arg::new("threads").long("threads").value_parser(clap::value_parser!(usize)).help("rayon threads (default: all cores)")),
+                )
+                .subcommand(
+                    Command::new("dequantize")
+                        .about("ggml blocks on stdin -> little-endian f32 on stdout")
+                        .arg(Arg::new("type").long("type").required(true).help("F32, F16, BF16, Q8_0, Q2_K, Q4_K, Q6_K, IQ2_XXS, MXFP4")),
+                ),
         )
         .subcommand(
             Command::new("digest")
@@ -159,6 +177,13 @@ pub fn main() -> i32 {
                 }
             }
         }
+        Some(("codec", m)) => match run_codec(m) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("xpackfs codec: {e}");
+                1
+            }
+        },
         Some(("digest", m)) => {
             init_logging(false);
             let path = m.get_one::<PathBuf>("source").unwrap();
@@ -183,4 +208,50 @@ pub fn main() -> i32 {
         }
         _ => 2,
     }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+fn run_codec(m: &ArgMatches) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use crate::codec;
+    let mut input = Vec::new();
+    std::io::stdin().read_to_end(&mut input).map_err(|e| format!("stdin: {e}"))?;
+    let out: Vec<u8> = match m.subcommand() {
+        Some(("quantize", q)) => {
+            let name = q.get_one::<String>("type").unwrap();
+            let ty = codec::QuantType::from_name(name).ok_or_else(|| format!("cannot quantise to {name}"))?;
+            let n = *q.get_one::<usize>("n-per-row").unwrap();
+            let importance = match q.get_one::<PathBuf>("importance") {
+                Some(p) => Some(f32s(&std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?)),
+                None => None,
+            };
+            if input.len() % 4 != 0 {
+                return Err("input is not a whole number of f32".into());
+            }
+            let src = f32s(&input);
+            let g = ty.ggml();
+            let rows = if n == 0 { 0 } else { src.len() / n };
+            let mut dst = vec![0u8; rows * (n as u64 / g.block_size * g.type_size) as usize];
+            let mut run = || -> Result<(), codec::CodecError> { codec::quantize_rows_par(ty, &src, n, importance.as_deref(), &mut dst) };
+            match q.get_one::<usize>("threads") {
+                Some(&t) => rayon::ThreadPoolBuilder::new().num_threads(t).build().map_err(|e| e.to_string())?.install(run),
+                None => run(),
+            }
+            .map_err(|e| e.to_string())?;
+            dst
+        }
+        Some(("dequantize", d)) => {
+            let name = d.get_one::<String>("type").unwrap();
+            let ty = codec::GgmlType::from_name(name).ok_or_else(|| format!("unknown type {name}"))?;
+            let blocks = input.len() as u64 / ty.type_size;
+            let mut dst = vec![0f32; (blocks * ty.block_size) as usize];
+            codec::dequantize(ty, &input, &mut dst).map_err(|e| e.to_string())?;
+            dst.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+        _ => unreachable!(),
+    };
+    std::io::stdout().write_all(&out).map_err(|e| format!("stdout: {e}"))
 }

@@ -1,5 +1,180 @@
 //! Numeric formats: pure functions over bytes and rows, no I/O. One file per format.
+//!
+//! Every function works on whole rows (or any run of whole blocks), so views can compute
+//! any chunk of rows on any thread. The quantisers reproduce the reference ggml
+//! (`ggml-quants.c`, x86-64 baseline build) bit for bit: f32 arithmetic in C's
+//! evaluation order, never fused multiply-add, `nearest_int` (ties to even) where ggml
+//! uses it and `roundf` (ties away) where it uses that. See
+//! `shared/reference/ggml-quants.md`.
 
+pub mod float;
+pub mod fp8;
 pub mod ggml_type;
+pub mod iq2_tables;
+pub mod iq2_xxs;
+pub mod kt_int8;
+pub mod mxfp4;
+pub mod q2_k;
+pub mod q4_k;
+pub mod q6_k;
+pub mod q8_0;
 
 pub use ggml_type::GgmlType;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CodecError {
+    #[error("E8M0 scale byte 255 (NaN) at scale index {index}")]
+    E8m0Nan { index: usize },
+    #[error("non-finite or non-positive FP8 scale at block ({block_row}, {block_col})")]
+    BadScale { block_row: usize, block_col: usize },
+    #[error("non-finite FP8 weight at ({row}, {col})")]
+    NonFiniteWeight { row: usize, col: usize },
+    #[error("FP8 weight overflows BF16 at ({row}, {col})")]
+    Bf16Overflow { row: usize, col: usize },
+    #[error("{0}")]
+    Shape(String),
+    #[error("{0} requires an importance vector")]
+    ImportanceRequired(&'static str),
+}
+
+/// ggml's `nearest_int`: round half to even via the 1.5*2^23 trick, bit for bit
+/// (including the values the reference's debug-only assert would reject).
+#[inline(always)]
+pub(crate) fn nearest_int(f: f32) -> i32 {
+    let v = f + 12582912.0f32;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// C's `MAX(a, b)` macro: `a > b ? a : b` (NaN handling included).
+#[inline(always)]
+pub(crate) fn cmax(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+#[inline(always)]
+pub(crate) fn fp16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// Round to nearest even, as ggml's `GGML_FP32_TO_FP16` on x86-64 without F16C.
+#[inline(always)]
+pub(crate) fn f32_to_fp16(f: f32) -> u16 {
+    half::f16::from_f32(f).to_bits()
+}
+
+pub(crate) fn read_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// The ggml types xpackfs can quantise to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantType {
+    Q8_0,
+    Q2K,
+    Iq2Xxs,
+}
+
+impl QuantType {
+    pub fn from_name(name: &str) -> Option<QuantType> {
+        match name.to_ascii_uppercase().as_str() {
+            "Q8_0" => Some(QuantType::Q8_0),
+            "Q2_K" => Some(QuantType::Q2K),
+            "IQ2_XXS" => Some(QuantType::Iq2Xxs),
+            _ => None,
+        }
+    }
+    pub fn ggml(self) -> GgmlType {
+        GgmlType::from_name(match self {
+            QuantType::Q8_0 => "Q8_0",
+            QuantType::Q2K => "Q2_K",
+            QuantType::Iq2Xxs => "IQ2_XXS",
+        })
+        .unwrap()
+    }
+}
+
+/// Quantise `rows` rows of `n_per_row` values, as the reference's `quantize_<type>(src,
+/// dst, nrow, n_per_row, imatrix)`. `importance` has `n_per_row` values (one per column)
+/// or is `None` (Q2_K then takes the reference path; IQ2_XXS requires importance).
+pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+    let g = ty.ggml();
+    if n_per_row == 0 || n_per_row % g.block_size as usize != 0 || src.len() % n_per_row != 0 {
+        return Err(CodecError::Shape(format!("{} rows must be a whole number of {}-value blocks, got {n_per_row}", g.name, g.block_size)));
+    }
+    let rows = src.len() / n_per_row;
+    let row_bytes = n_per_row / g.block_size as usize * g.type_size as usize;
+    if dst.len() != rows * row_bytes {
+        return Err(CodecError::Shape(format!("output holds {} bytes, {rows} rows of {} need {}", dst.len(), g.name, rows * row_bytes)));
+    }
+    if let Some(imp) = importance {
+        if imp.len() != n_per_row {
+            return Err(CodecError::Shape(format!("importance has {} values for rows of {n_per_row}", imp.len())));
+        }
+    }
+    for (x, y) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
+        match ty {
+            QuantType::Q8_0 => q8_0::quantize_row(x, y),
+            QuantType::Q2K => match importance {
+                None => q2_k::quantize_row_ref(x, y),
+                Some(w) => q2_k::quantize_row_impl(x, y, w),
+            },
+            QuantType::Iq2Xxs => iq2_xxs::quantize_row(x, y, importance.ok_or(CodecError::ImportanceRequired("IQ2_XXS"))?)?,
+        }
+    }
+    Ok(())
+}
+
+/// Quantise rows in parallel (rayon), chunks of whole rows; identical bytes to
+/// [`quantize_rows`].
+pub fn quantize_rows_par(ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+    use rayon::prelude::*;
+    let g = ty.ggml();
+    if n_per_row == 0 || n_per_row % g.block_size as usize != 0 {
+        return quantize_rows(ty, src, n_per_row, importance, dst);
+    }
+    let row_bytes = n_per_row / g.block_size as usize * g.type_size as usize;
+    const ROWS: usize = 16;
+    if src.len() % n_per_row != 0 || dst.len() != src.len() / n_per_row * row_bytes {
+        return quantize_rows(ty, src, n_per_row, importance, dst); // reports the shape error
+    }
+    src.par_chunks(ROWS * n_per_row)
+        .zip(dst.par_chunks_mut(ROWS * row_bytes))
+        .try_for_each(|(x, y)| quantize_rows(ty, x, n_per_row, importance, y))
+}
+
+/// Decode rows of a ggml type to f32 (`dequantize_row_<type>` of the reference).
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    let blocks = src.len() / ty.type_size as usize;
+    if src.len() % ty.type_size as usize != 0 || dst.len() != blocks * ty.block_size as usize {
+        return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
+    }
+    match ty.name {
+        "F32" => float::f32_to_f32(src, dst),
+        "F16" => float::f16_to_f32(src, dst),
+        "BF16" => float::bf16_to_f32(src, dst),
+        "Q8_0" => q8_0::dequantize(src, dst),
+        "Q2_K" => q2_k::dequantize(src, dst),
+        "Q4_K" => q4_k::dequantize(src, dst),
+        "Q6_K" => q6_k::dequantize(src, dst),
+        "IQ2_XXS" => iq2_xxs::dequantize(src, dst),
+        "MXFP4" => mxfp4::dequantize_ggml(src, dst)?,
+        other => return Err(CodecError::Shape(format!("decoding {other} is not supported"))),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_ties_to_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(2.5), 2);
+        assert_eq!(nearest_int(-0.5), 0);
+        assert_eq!(nearest_int(-1.5), -2);
+        assert_eq!(nearest_int(3.49), 3);
+        assert_eq!(nearest_int(-7.7), -8);
+    }
+}

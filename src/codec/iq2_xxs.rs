@@ -1,0 +1,324 @@
+//! IQ2_XXS: 66-byte blocks of 256 values: fp16 d, then 8 pairs of u32 (a0, a1) per 32
+//! values: byte k of a0 is the grid index of 8-value group k, bits 7k..7k+6 of a1 its
+//! sign index, a1 >> 28 the 4-bit block scale.
+//!
+//! The quantiser is `quantize_row_iq2_xxs_impl` with the search tables that
+//! `iq2xs_init_impl(GGML_TYPE_IQ2_XXS)` builds (grid of odd levels 1,3,5,7, the map from
+//! 8 two-bit levels to a grid index, and for points off the grid their nearest grid points
+//! ordered by (distance, index)). Importance is required, as in the reference.
+
+use std::sync::OnceLock;
+
+use super::iq2_tables::{IQ2XXS_GRID, KGRID_2BIT_256, KMASK_IQ2XS, KSIGNS_IQ2XS};
+use super::q2_k::{make_qp_quants, GROUP_MAX_EPS, QK_K};
+use super::{cmax, f32_to_fp16, fp16_to_f32, nearest_int, read_u16, CodecError};
+
+pub const BYTES: usize = 66;
+const KMAP_SIZE: usize = 43692;
+const NWANT: usize = 2;
+
+struct Tables {
+    /// Grid points as 8 signed levels 1,3,5,7.
+    grid: [[i8; 8]; 256],
+    /// Index -> grid index, or for points off the grid, `-(offset + 1)` into `neighbours`.
+    map: Vec<i32>,
+    /// At each offset: count, then that many grid indices.
+    neighbours: Vec<u16>,
+}
+
+fn tables() -> &'static Tables {
+    static T: OnceLock<Tables> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut grid = [[0i8; 8]; 256];
+        for (k, g) in grid.iter_mut().enumerate() {
+            for (i, v) in g.iter_mut().enumerate() {
+                *v = (2 * ((KGRID_2BIT_256[k] >> (2 * i)) & 3) + 1) as i8;
+            }
+        }
+        let mut map = vec![-1i32; KMAP_SIZE];
+        for (i, g) in grid.iter().enumerate() {
+            let index: usize = g.iter().enumerate().map(|(k, &v)| (((v - 1) / 2) as usize) << (2 * k)).sum();
+            map[index] = i as i32;
+        }
+        let mut neighbours = Vec::new();
+        let mut dist2: Vec<(i32, i32)> = Vec::with_capacity(256);
+        for i in 0..KMAP_SIZE {
+            if map[i] >= 0 {
+                continue;
+            }
+            let pos: [i32; 8] = std::array::from_fn(|k| 2 * ((i >> (2 * k)) & 3) as i32 + 1);
+            dist2.clear();
+            for (j, g) in grid.iter().enumerate() {
+                let d2: i32 = (0..8).map(|k| (g[k] as i32 - pos[k]) * (g[k] as i32 - pos[k])).sum();
+                dist2.push((d2, j as i32));
+            }
+            dist2.sort_unstable(); // (distance, index): the reference's qsort order
+            let start = neighbours.len();
+            map[i] = -(start as i32 + 1);
+            neighbours.push(0);
+            let (mut d2, mut nhave, mut n) = (dist2[0].0, 1, 0u16);
+            for &(d, j) in &dist2 {
+                if d > d2 {
+                    if nhave == NWANT {
+                        break;
+                    }
+                    d2 = d;
+                    nhave += 1;
+                }
+                neighbours.push(j as u16);
+                n += 1;
+            }
+            neighbours[start] = n;
+        }
+        Tables { grid, map, neighbours }
+    })
+}
+
+/// `iq2_find_best_neighbour`; `None` where the reference aborts (every distance is
+/// infinite or NaN, from inputs of magnitude ~1e17 and beyond, or non-finite ones).
+fn find_best_neighbour(t: &Tables, neighbours: &[u16], xval: &[f32], weight: &[f32], scale: f32, l: &mut [i8]) -> Option<usize> {
+    let n = neighbours[0] as usize;
+    let mut best_d2 = f32::MAX;
+    let mut grid_index = usize::MAX;
+    for &j in &neighbours[1..=n] {
+        let pg = &t.grid[j as usize];
+        let mut d2 = 0.0f32;
+        for i in 0..8 {
+            let diff = scale * pg[i] as f32 - xval[i];
+            d2 += weight[i] * diff * diff;
+        }
+        if d2 < best_d2 {
+            best_d2 = d2;
+            grid_index = j as usize;
+        }
+    }
+    if grid_index == usize::MAX {
+        return None;
+    }
+    for i in 0..8 {
+        l[i] = (t.grid[grid_index][i] - 1) / 2;
+    }
+    Some(grid_index)
+}
+
+fn overflow(ibl: usize) -> CodecError {
+    CodecError::Shape(format!(
+        "IQ2_XXS: block {ibl} has no finite distance to any grid point (values too large or not finite; the reference aborts here)"
+    ))
+}
+
+fn grid_key(l: &[i8]) -> usize {
+    (0..8).map(|i| ((l[i] as u8 & 3) as usize) << (2 * i)).sum()
+}
+
+/// `quantize_row_iq2_xxs_impl` for one row; `quant_weights` has one value per column.
+pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<(), CodecError> {
+    const KMAXQ: i32 = 3;
+    let t = tables();
+    for (ibl, (xbl, yb)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(BYTES)).enumerate() {
+        let mut scales = [0.0f32; 8];
+        let mut weight = [0.0f32; 32];
+        let mut xval = [0.0f32; 32];
+        let mut l = [0i8; 32];
+        let mut laux = [0i8; 32];
+        let mut waux = [0.0f32; 32];
+        let mut block_signs = [0u8; 4];
+        let mut q2 = [0u32; 16];
+        yb[..2].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
+        let mut max_scale = 0.0f32;
+        let mut sumx2 = 0.0f32;
+        for &v in xbl {
+            sumx2 += v * v;
+        }
+        let sigma2 = sumx2 / QK_K as f32;
+        for ib in 0..8 {
+            let xb = &xbl[32 * ib..32 * ib + 32];
+            let qw = &quant_weights[QK_K * ibl + 32 * ib..];
+            for i in 0..32 {
+                weight[i] = qw[i] * (sigma2 + xb[i] * xb[i]).sqrt();
+            }
+            for i in 0..32 {
+                waux[i] = weight[i].sqrt();
+            }
+            for k in 0..4 {
+                let mut nflip = 0;
+                let mut s = 0u8;
+                for i in 0..8 {
+                    if xb[8 * k + i] >= 0.0 {
+                        xval[8 * k + i] = xb[8 * k + i];
+                    } else {
+                        xval[8 * k + i] = -xb[8 * k + i];
+                        nflip += 1;
+                        s |= 1 << i;
+                    }
+                }
+                if nflip % 2 != 0 {
+                    let mut imin = 0;
+                    let mut min = weight[8 * k] * xb[8 * k] * xb[8 * k];
+                    for i in 1..8 {
+                        let ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                        if ax < min {
+                            min = ax;
+                            imin = i;
+                        }
+                    }
+                    xval[8 * k + imin] = -xval[8 * k + imin];
+                    s ^= 1 << imin;
+                }
+                block_signs[k] = s & 127;
+            }
+            let mut max = xval[0];
+            for &v in &xval[1..] {
+                max = cmax(max, v);
+            }
+            if max < GROUP_MAX_EPS {
+                scales[ib] = 0.0;
+                continue;
+            }
+            let mut lu = [0u8; 32];
+            let mut scale = make_qp_quants(KMAXQ + 1, &xval, &mut lu, &weight);
+            for i in 0..32 {
+                l[i] = lu[i] as i8;
+            }
+            let eff_max = scale * KMAXQ as f32;
+            if eff_max <= 0.0 {
+                scales[ib] = 0.0;
+                continue;
+            }
+            let mut best = 0.0f32;
+            for is in -6i32..=6 {
+                let id = ((2 * KMAXQ - 1) as f32 + is as f32 * 0.1f32) / eff_max;
+                let this_scale = 1.0 / id;
+                for k in 0..4 {
+                    for i in 0..8 {
+                        let li = nearest_int(0.5f32 * (id * xval[8 * k + i] - 1.0));
+                        laux[8 * k + i] = li.clamp(0, KMAXQ - 1) as i8;
+                    }
+                    let u = grid_key(&laux[8 * k..]);
+                    if t.map[u] < 0 {
+                        let nb = &t.neighbours[(-t.map[u] - 1) as usize..];
+                        find_best_neighbour(t, nb, &xval[8 * k..], &waux[8 * k..], this_scale, &mut laux[8 * k..]).ok_or_else(|| overflow(ibl))?;
+                    }
+                }
+                let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+                for i in 0..32 {
+                    let w = weight[i];
+                    let q = (2 * laux[i] as i32 + 1) as f32;
+                    sumqx += w * xval[i] * q;
+                    sumq2 += w * q * q;
+                }
+                if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                    scale = sumqx / sumq2;
+                    best = scale * sumqx;
+                    l = laux;
+                }
+            }
+            if scale > 0.0 {
+                let id = 1.0 / scale;
+                for k in 0..4 {
+                    let mut u = 0usize;
+                    for i in 0..8 {
+                        let li = nearest_int(0.5f32 * (id * xval[8 * k + i] - 1.0)).clamp(0, KMAXQ - 1);
+                        u |= (li as usize) << (2 * i);
+                    }
+                    let mut gi = t.map[u];
+                    if gi < 0 {
+                        let nb = &t.neighbours[(-gi - 1) as usize..];
+                        gi = find_best_neighbour(t, nb, &xval[8 * k..], &waux[8 * k..], scale, &mut l[8 * k..]).ok_or_else(|| overflow(ibl))? as i32;
+                    }
+                    for i in 0..8 {
+                        l[8 * k + i] = (t.grid[gi as usize][i] - 1) / 2;
+                    }
+                }
+                let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+                for i in 0..32 {
+                    let w = weight[i];
+                    let q = (2 * l[i] as i32 + 1) as f32;
+                    sumqx += w * xval[i] * q;
+                    sumq2 += w * q * q;
+                }
+                if sumq2 > 0.0 {
+                    scale = sumqx / sumq2;
+                }
+            }
+            if scale < 0.0 {
+                scale = -scale;
+                for s in &mut block_signs {
+                    *s = !*s & 127;
+                }
+            }
+            for k in 0..4 {
+                let u = grid_key(&l[8 * k..]);
+                let gi = t.map[u];
+                if gi < 0 || l[8 * k..8 * k + 8].iter().any(|&v| !(0..=3).contains(&v)) {
+                    // The reference prints "Oops: found point not on grid" and aborts.
+                    return Err(CodecError::Shape(format!("IQ2_XXS: block {ibl} produced a point off the grid")));
+                }
+                q2[2 * ib] |= (gi as u32) << (8 * k);
+                q2[2 * ib + 1] |= (block_signs[k] as u32) << (7 * k);
+            }
+            scales[ib] = scale;
+            max_scale = cmax(max_scale, scale);
+        }
+        if max_scale == 0.0 {
+            yb[2..].fill(0);
+            continue;
+        }
+        let d = max_scale / 31.0;
+        yb[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
+        let id = 1.0 / d;
+        for ib in 0..8 {
+            let li = nearest_int(0.5f32 * (id * scales[ib] - 1.0)).clamp(0, 15);
+            q2[2 * ib + 1] |= (li as u32) << 28;
+        }
+        for (o, v) in yb[2..].chunks_exact_mut(4).zip(q2) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// `dequantize_row_iq2_xxs`.
+pub fn dequantize(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(BYTES).zip(dst.chunks_exact_mut(QK_K)) {
+        let d = fp16_to_f32(read_u16(b, 0));
+        for ib32 in 0..8 {
+            let a0 = u32::from_le_bytes(b[2 + 8 * ib32..6 + 8 * ib32].try_into().unwrap());
+            let a1 = u32::from_le_bytes(b[6 + 8 * ib32..10 + 8 * ib32].try_into().unwrap());
+            let db = d * (0.5f32 + (a1 >> 28) as f32) * 0.25f32;
+            for l in 0..4 {
+                let grid = IQ2XXS_GRID[((a0 >> (8 * l)) & 0xFF) as usize].to_le_bytes();
+                let signs = KSIGNS_IQ2XS[((a1 >> (7 * l)) & 127) as usize];
+                for j in 0..8 {
+                    let sign = if signs & KMASK_IQ2XS[j] != 0 { -1.0f32 } else { 1.0 };
+                    y[32 * ib32 + 8 * l + j] = db * grid[j] as f32 * sign;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_consistent() {
+        let t = tables();
+        assert_eq!(t.map.iter().filter(|&&m| m >= 0).count(), 256);
+        // Every off-grid point has neighbours, each a valid grid index.
+        for &m in t.map.iter().filter(|&&m| m < 0) {
+            let nb = &t.neighbours[(-m - 1) as usize..];
+            assert!(nb[0] > 0 && nb[1..=nb[0] as usize].iter().all(|&j| j < 256));
+        }
+    }
+
+    #[test]
+    fn huge_values_are_an_error_where_the_reference_aborts() {
+        let x: Vec<f32> = (0..256).map(|i| (i as f32).cos() * 1e17).collect();
+        let mut y = [0u8; BYTES];
+        assert!(quantize_row(&x, &mut y, &[1.0; 256]).is_err());
+        let x: Vec<f32> = (0..256).map(|i| (i as f32).cos() * 1e12).collect();
+        assert!(quantize_row(&x, &mut y, &[1.0; 256]).is_ok());
+    }
+}

@@ -1,0 +1,167 @@
+//! kt-kernel persistent INT8 (`shared/reference/kt-int8.md`): per-row symmetric INT8 with
+//! fp32 scales, the `kt-int8-n32-k64-vnni-v1` packed layout and its inverse, and the
+//! NUMA split of gate/up (rows) and down (columns).
+
+use super::CodecError;
+
+pub const LAYOUT: &str = "kt-int8-n32-k64-vnni-v1";
+pub const N_STEP: usize = 32;
+pub const K_STEP: usize = 64;
+pub const N_BLOCK: usize = 64;
+pub const K_BLOCK: usize = 3584;
+
+/// Quantise an n x k row-major matrix: `q` gets n*k int8 in row order, `d` n scales.
+/// `d = max|w| / 127`, `q = saturate(round_half_even(w * (1/d)))`, a zero row is all zeros.
+pub fn quantize(w: &[f32], n: usize, k: usize, q: &mut [i8], d: &mut [f32]) -> Result<(), CodecError> {
+    if w.len() != n * k || q.len() != n * k || d.len() != n {
+        return Err(CodecError::Shape(format!("INT8: buffers do not match a {n}x{k} matrix")));
+    }
+    for r in 0..n {
+        let row = &w[r * k..(r + 1) * k];
+        let mut amax = 0.0f32;
+        for &v in row {
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+            }
+        }
+        let dr = amax / 127.0;
+        d[r] = dr;
+        let out = &mut q[r * k..(r + 1) * k];
+        if dr == 0.0 {
+            out.fill(0);
+            continue;
+        }
+        let inv = 1.0f32 / dr;
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = (v * inv).round_ties_even().clamp(-128.0, 127.0) as i8;
+        }
+    }
+    Ok(())
+}
+
+/// Byte offset of element (r, c) of an n x k matrix in the packed layout.
+#[inline]
+pub fn packed_offset(r: usize, c: usize, n: usize, k: usize) -> usize {
+    let nbb = r / N_BLOCK * N_BLOCK;
+    let nbs = N_BLOCK.min(n - nbb);
+    let nb = (r - nbb) / N_STEP * N_STEP;
+    let i = (r - nbb) % N_STEP;
+    let kbb = c / K_BLOCK * K_BLOCK;
+    let kbs = K_BLOCK.min(k - kbb);
+    let kb = (c - kbb) / K_STEP * K_STEP;
+    let j = (c - kbb) % K_STEP;
+    let tile = nbb * k + kbb * nbs + nb * kbs + kb * N_STEP;
+    let half = i / 16;
+    tile + half * 1024 + (j / 4) * 64 + (i % 16) * 4 + j % 4
+}
+
+fn check_layout(n: usize, k: usize) -> Result<(), CodecError> {
+    if n % N_STEP != 0 || k % K_STEP != 0 || n == 0 || k == 0 {
+        return Err(CodecError::Shape(format!("{LAYOUT} needs n % 32 == 0 and k % 64 == 0, got {n}x{k}")));
+    }
+    Ok(())
+}
+
+/// Pack row-major int8 into the VNNI layout.
+pub fn pack(q: &[i8], n: usize, k: usize, out: &mut [u8]) -> Result<(), CodecError> {
+    check_layout(n, k)?;
+    if q.len() != n * k || out.len() != n * k {
+        return Err(CodecError::Shape(format!("INT8 pack: buffers do not match {n}x{k}")));
+    }
+    for r in 0..n {
+        for c in (0..k).step_by(4) {
+            let o = packed_offset(r, c, n, k);
+            for t in 0..4 {
+                out[o + t] = q[r * k + c + t] as u8;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The inverse of [`pack`] (kt-kernel's `to_mat`), a test oracle.
+pub fn unpack(packed: &[u8], n: usize, k: usize, out: &mut [i8]) -> Result<(), CodecError> {
+    check_layout(n, k)?;
+    if packed.len() != n * k || out.len() != n * k {
+        return Err(CodecError::Shape(format!("INT8 unpack: buffers do not match {n}x{k}")));
+    }
+    for r in 0..n {
+        for c in 0..k {
+            out[r * k + c] = packed[packed_offset(r, c, n, k)] as i8;
+        }
+    }
+    Ok(())
+}
+
+/// NUMA part `part` of `parts` of an expert's matrices (tensor parallel over the
+/// intermediate dimension): rows of gate/up `[I, H]`, columns of down `[H, I]`.
+pub fn numa_split_rows(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
+    if parts == 0 || rows % parts != 0 || part >= parts || w.len() != rows * cols {
+        return Err(CodecError::Shape(format!("cannot split {rows} rows into {parts} NUMA parts")));
+    }
+    let per = rows / parts;
+    Ok(w[part * per * cols..(part + 1) * per * cols].to_vec())
+}
+
+pub fn numa_split_cols(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
+    if parts == 0 || cols % parts != 0 || part >= parts || w.len() != rows * cols {
+        return Err(CodecError::Shape(format!("cannot split {cols} columns into {parts} NUMA parts")));
+    }
+    let per = cols / parts;
+    Ok(w.chunks_exact(cols).flat_map(|row| row[part * per..(part + 1) * per].iter().copied()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_is_a_permutation_and_unpack_inverts_it() {
+        for (n, k) in [(32, 64), (64, 128), (96, 3584 + 64), (128, 7168)] {
+            let q: Vec<i8> = (0..n * k).map(|i| (i * 31 % 251) as i8).collect();
+            let mut packed = vec![0u8; n * k];
+            pack(&q, n, k, &mut packed).unwrap();
+            let mut seen = vec![false; n * k];
+            for r in 0..n {
+                for c in 0..k {
+                    let o = packed_offset(r, c, n, k);
+                    assert!(!seen[o], "offset {o} used twice ({n}x{k})");
+                    seen[o] = true;
+                }
+            }
+            let mut back = vec![0i8; n * k];
+            unpack(&packed, n, k, &mut back).unwrap();
+            assert_eq!(q, back);
+        }
+    }
+
+    #[test]
+    fn tile_layout_facts() {
+        // Within the first tile: row i < 16 col j at (j/4)*64 + i*4 + j%4; rows 16.. in the second KiB.
+        assert_eq!(packed_offset(0, 0, 64, 64), 0);
+        assert_eq!(packed_offset(1, 0, 64, 64), 4);
+        assert_eq!(packed_offset(0, 4, 64, 64), 64);
+        assert_eq!(packed_offset(16, 0, 64, 64), 1024);
+        assert_eq!(packed_offset(32, 0, 64, 64), 2048);
+    }
+
+    #[test]
+    fn quantize_rows() {
+        let w = [0.0f32, 0.0, 1.0, -0.5, 127.0, 63.5];
+        let (mut q, mut d) = ([0i8; 6], [0f32; 3]);
+        quantize(&w, 3, 2, &mut q, &mut d).unwrap();
+        assert_eq!(d, [0.0, 1.0 / 127.0, 1.0]);
+        assert_eq!(&q[..2], &[0, 0]);
+        assert_eq!(q[2], 127);
+        assert_eq!(q[3], -64, "-63.5 ties to even");
+        assert_eq!(&q[4..], &[127, 64], "63.5 ties to even");
+    }
+
+    #[test]
+    fn numa_splits() {
+        let w: Vec<f32> = (0..24).map(|v| v as f32).collect(); // 4 x 6
+        assert_eq!(numa_split_rows(&w, 4, 6, 1, 2).unwrap(), (12..24).map(|v| v as f32).collect::<Vec<_>>());
+        assert_eq!(numa_split_cols(&w, 4, 6, 1, 3).unwrap(), vec![2.0, 3.0, 8.0, 9.0, 14.0, 15.0, 20.0, 21.0]);
+    }
+}

@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""The reference ggml, through ctypes: golden vectors and differential tests for xpackfs's codecs.
+
+The reference is libggml-base.so as `pip install llama-cpp-python==0.3.36` builds it
+(x86-64 baseline, no -march, so no FMA), found via --lib, $XPACKFS_GGML_LIB, or the
+installed llama_cpp package (llama_cpp/lib/libggml-base.so).
+
+    python3 tools/ggml_ref.py golden [--out tests/golden]
+        regenerate the golden vectors that `cargo test` checks byte for byte
+    python3 tools/ggml_ref.py diff --rows 100000 [--seed 1] [--types q2_k,q2_k_imat,iq2_xxs,q8_0]
+        randomized differential test of `xpackfs codec quantize` against the reference,
+        over several distributions; prints mismatches and exits 1 if there are any
+    python3 tools/ggml_ref.py bench [--rows 4096]
+        single-thread throughput of each quantiser, reference vs xpackfs (same rows)
+
+Golden file format (little-endian), tests/golden/{quantize,dequantize}.bin:
+    b"XPG1", u32 record count, then per record:
+    str name, str type, u32 n_per_row, u32 rows, u32 has_importance,
+    bytes input, [f32 importance x n_per_row], bytes expected
+    where str = u32 length + UTF-8 and bytes = u32 length + raw bytes.
+    quantize: input = f32 rows, expected = ggml blocks (quantize_<type>).
+    dequantize: input = ggml blocks, expected = f32 (dequantize_row_<type>), importance unused.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import gguf
+
+REPO = Path(__file__).resolve().parent.parent
+T = gguf.GGMLQuantizationType
+QUANT = {  # name -> (ggml type, importance kind)
+    "q8_0": (T.Q8_0, None),
+    "q2_k": (T.Q2_K, None),
+    "q2_k_imat": (T.Q2_K, "imatrix"),
+    "q2_k_unit": (T.Q2_K, "unit"),
+    "iq2_xxs": (T.IQ2_XXS, "imatrix"),
+    "iq2_xxs_unit": (T.IQ2_XXS, "unit"),
+}
+DEQUANT = [T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ2_XXS, T.MXFP4, T.F16, T.BF16]
+
+
+def find_lib(explicit: str | None) -> Path:
+    candidates = [explicit, os.environ.get("XPACKFS_GGML_LIB")]
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec and spec.origin:
+            candidates.append(str(Path(spec.origin).parent / "lib" / "libggml-base.so"))
+    except Exception:
+        pass
+    for c in candidates:
+        if c and Path(c).is_file():
+            return Path(c)
+    raise SystemExit("reference libggml-base.so not found: pip install llama-cpp-python==0.3.36, or pass --lib / set XPACKFS_GGML_LIB")
+
+
+class Ggml:
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+        f32p, vp, i64 = ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_int64
+        for name in ("quantize_q8_0", "quantize_q2_K", "quantize_iq2_xxs"):
+            fn = getattr(self.lib, name)
+            fn.argtypes = [f32p, vp, i64, i64, f32p]
+            fn.restype = ctypes.c_size_t
+        self.lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+        self.lib.ggml_quantize_init(int(T.IQ2_XXS))
+        self.f32p = f32p
+
+    def quantize(self, qtype: T, rows: np.ndarray, imatrix: np.ndarray | None) -> bytes:
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        nrow, n = rows.shape
+        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+        out = ctypes.create_string_buffer(nrow * n // bs * ts)
+        fn = getattr(self.lib, "quantize_" + qtype.name.lower().replace("_k", "_K"))
+        fn.argtypes = [self.f32p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, self.f32p]
+        fn.restype = ctypes.c_size_t
+        imp = None
+        if imatrix is not None:
+            imatrix = np.ascontiguousarray(imatrix, dtype=np.float32)
+            imp = imatrix.ctypes.data_as(self.f32p)
+        fn(rows.ctypes.data_as(self.f32p), out, nrow, n, imp)
+        return out.raw
+
+    def dequantize(self, qtype: T, data: bytes) -> np.ndarray:
+        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+        n = len(data) // ts * bs
+        out = np.zeros(n, dtype=np.float32)
+        if qtype in (T.F16, T.BF16):
+            fn = getattr(self.lib, "ggml_fp16_to_fp32_row" if qtype == T.F16 else "ggml_bf16_to_fp32_row")
+        else:
+            fn = getattr(self.lib, "dequantize_row_" + qtype.name.lower().replace("_k", "_K"))
+        fn.argtypes = [ctypes.c_char_p, self.f32p, ctypes.c_int64]
+        fn(data, out.ctypes.data_as(self.f32p), n)
+        return out
+
+
+def xpackfs_quantize(binary: str, qtype: T, rows: np.ndarray, imatrix: np.ndarray | None, threads: int | None = None,
+                     tmp: Path = Path("/tmp")) -> tuple[bytes, float]:
+    cmd = [binary, "codec", "quantize", "--type", qtype.name, "--n-per-row", str(rows.shape[1])]
+    if imatrix is not None:
+        imp = tmp / f"xpackfs-imp-{os.getpid()}.f32"
+        imp.write_bytes(np.ascontiguousarray(imatrix, dtype="<f4").tobytes())
+        cmd += ["--importance", str(imp)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, input=np.ascontiguousarray(rows, dtype="<f4").tobytes(), capture_output=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"xpackfs codec quantize failed: {r.stderr.decode()}")
+    return r.stdout, dt
+
+
+# ---------------------------------------------------------------- inputs
+
+def edge_rows(n: int) -> list[tuple[str, np.ndarray]]:
+    """Rows that stress the quantisers' corner cases (length n, a multiple of 256)."""
+    i = np.arange(n, dtype=np.float32)
+    rows = [
+        ("zeros", np.zeros(n)),
+        ("constant_pos", np.full(n, 0.37)),
+        ("constant_neg", np.full(n, -1.25)),
+        ("tiny_subnormal", np.full(n, 1e-40) * np.where(i % 3 == 0, -1, 1)),
+        ("tiny_mixed", (np.sin(i) * 1e-38)),
+        ("below_group_eps", np.full(n, 1e-16)),
+        ("huge", np.cos(i) * 1e17),
+        ("large", np.cos(i) * 1e12),
+        ("single_outlier", np.where(i == 77, 1000.0, 0.0)),
+        ("single_negative_outlier", np.where(i == 5, -3.0, 0.001)),
+        ("outlier_in_noise", np.where(i == 200, 50.0, np.sin(i * 0.7) * 0.01)),
+        ("alternating", np.where(i % 2 == 0, 1.0, -1.0)),
+        ("ramp", i / n - 0.5),
+        ("ramp_positive", i / n),
+        ("integer_levels", (i % 4).astype(np.float32)),            # exact ties for 2-bit levels
+        ("half_levels", (i % 4) * 0.5 + 0.25),                      # x.5 ties after scaling
+        ("odd_levels", (2 * (i % 4) + 1) * np.where(i % 5 == 0, -1, 1)),  # IQ2 grid points
+        ("odd_levels_flip_parity", (2 * (i % 4) + 1) * np.where(i % 8 == 0, -1, 1)),
+        ("mostly_negative", -np.abs(np.sin(i)) + 0.01),
+        ("sparse", np.where(i % 17 == 0, np.cos(i), 0.0)),
+        ("two_values", np.where(i % 3 == 0, 2.0, -0.5)),
+        ("power_of_two_edges", np.ldexp(np.ones(n), (i % 20 - 10).astype(int)) * np.where(i % 2 == 0, 1, -1)),
+        ("near_power_below", np.nextafter(np.float32(2.0), np.float32(0)) * np.ones(n) * np.where(i % 7 == 0, -1, 1)),
+    ]
+    return [(name, np.asarray(r, dtype=np.float32)) for name, r in rows]
+
+
+def random_rows(rng: np.random.Generator, dist: str, nrow: int, n: int) -> np.ndarray:
+    shape = (nrow, n)
+    if dist == "normal":
+        x = rng.standard_normal(shape)
+    elif dist == "uniform":
+        x = rng.uniform(-1, 1, shape)
+    elif dist == "laplace":
+        x = rng.laplace(0, 1, shape)
+    elif dist == "student_t2":
+        x = rng.standard_t(2, shape)
+    elif dist == "scaled_normal":
+        x = rng.standard_normal(shape) * np.exp(rng.uniform(-20, 20, (nrow, 1)))
+    elif dist == "sparse":
+        x = rng.standard_normal(shape) * (rng.random(shape) < 0.05)
+    elif dist == "quantized_grid":
+        x = rng.integers(-4, 5, shape) * 0.125
+    elif dist == "positive":
+        x = np.abs(rng.standard_normal(shape))
+    elif dist == "weights_like":
+        x = rng.standard_normal(shape) * 0.02 + rng.standard_normal((1, n)) * 0.005
+    else:
+        raise ValueError(dist)
+    return x.astype(np.float32)
+
+
+DISTS = ["normal", "uniform", "laplace", "student_t2", "scaled_normal", "sparse", "quantized_grid", "positive", "weights_like"]
+
+
+def importance_for(kind: str | None, rng: np.random.Generator, n: int) -> np.ndarray | None:
+    if kind is None:
+        return None
+    if kind == "unit":
+        return np.ones(n, dtype=np.float32)
+    imp = np.exp(rng.normal(0, 2, n)).astype(np.float32)
+    imp[rng.random(n) < 0.03] = 0.0
+    return imp
+
+
+# ---------------------------------------------------------------- golden
+
+def put_str(out: bytearray, s: str) -> None:
+    b = s.encode()
+    out += struct.pack("<I", len(b)) + b
+
+
+def put_bytes(out: bytearray, b: bytes) -> None:
+    out += struct.pack("<I", len(b)) + b
+
+
+def golden(ref: Ggml, outdir: Path) -> None:
+    rng = np.random.default_rng(20261130)
+    quant = bytearray(b"XPG1\0\0\0\0")
+    count = 0
+    for qname, (qtype, kind) in QUANT.items():
+        cases = [(f"{qname}/{name}", row[None, :]) for name, row in edge_rows(512)
+                 # The reference aborts on IQ2_XXS rows this large (GGML_ASSERT(grid_index >= 0)).
+                 if not (qtype == T.IQ2_XXS and name == "huge")]
+        cases += [(f"{qname}/random_{d}", random_rows(rng, d, 6, 512)) for d in DISTS]
+        for name, rows in cases:
+            imp = importance_for(kind, rng, rows.shape[1])
+            expected = ref.quantize(qtype, rows, imp)
+            put_str(quant, name)
+            put_str(quant, qtype.name)
+            quant += struct.pack("<III", rows.shape[1], rows.shape[0], imp is not None)
+            put_bytes(quant, rows.astype("<f4").tobytes())
+            if imp is not None:
+                quant += imp.astype("<f4").tobytes()
+            put_bytes(quant, expected)
+            count += 1
+    quant[4:8] = struct.pack("<I", count)
+    deq = bytearray(b"XPG1\0\0\0\0")
+    dcount = 0
+    for qtype in DEQUANT:
+        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+        nblocks = 64
+        if qtype in (T.F16, T.BF16):
+            raw = rng.standard_normal(nblocks * 32).astype(np.float16 if qtype == T.F16 else np.float32)
+            data = raw.tobytes() if qtype == T.F16 else (raw.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        elif qtype == T.MXFP4:
+            blocks = rng.integers(0, 256, (nblocks, ts), dtype=np.uint8)
+            blocks[:, 0] = rng.integers(0, 255, nblocks)  # any E8M0 but 255 (NaN)
+            data = blocks.tobytes()
+        else:
+            # Realistic blocks: quantised from random data (so fp16 scales are finite), plus raw random bytes
+            # with the fp16 fields forced finite.
+            rows = random_rows(rng, "normal", nblocks * bs // 256 if bs == 256 else nblocks * bs // 32, 256 if bs == 256 else 32)
+            data = ref.quantize(qtype, rows, np.ones(rows.shape[1], np.float32) if qtype == T.IQ2_XXS else None)
+        expected = ref.dequantize(qtype, data)
+        if qtype not in (T.F16, T.BF16):
+            gp = gguf.quants.dequantize(np.frombuffer(data, dtype=np.uint8).reshape(-1, ts), qtype).reshape(-1)
+            ndiff = int(np.sum(gp.view(np.uint32) != expected.view(np.uint32)))
+            print(f"dequantize {qtype.name}: gguf.quants.dequantize differs from the C reference in {ndiff} of {expected.size} values")
+        put_str(deq, f"dequant/{qtype.name}")
+        put_str(deq, qtype.name)
+        deq += struct.pack("<III", bs, len(data) // ts, 0)
+        put_bytes(deq, data)
+        put_bytes(deq, expected.astype("<f4").tobytes())
+        dcount += 1
+    deq[4:8] = struct.pack("<I", dcount)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "quantize.bin").write_bytes(bytes(quant))
+    (outdir / "dequantize.bin").write_bytes(bytes(deq))
+    print(f"wrote {count} quantize and {dcount} dequantize records to {outdir}")
+
+
+# ---------------------------------------------------------------- diff
+
+def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], batch: int = 4096) -> int:
+    rng = np.random.default_rng(seed)
+    failures = 0
+    for qname in types:
+        qtype, kind = QUANT[qname]
+        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+        done, mism, t_ref, t_ours = 0, 0, 0.0, 0.0
+        per_dist: dict[str, int] = {}
+        while done < rows_total:
+            for dist in DISTS:
+                if done >= rows_total:
+                    break
+                nrow = min(batch, rows_total - done)
+                rows = random_rows(rng, dist, nrow, 256)
+                imp = importance_for(kind, rng, 256)
+                t0 = time.perf_counter()
+                want = ref.quantize(qtype, rows, imp)
+                t_ref += time.perf_counter() - t0
+                got, dt = xpackfs_quantize(binary, qtype, rows, imp)
+                t_ours += dt
+                rb = 256 // bs * ts
+                for r in range(nrow):
+                    if want[r * rb:(r + 1) * rb] != got[r * rb:(r + 1) * rb]:
+                        mism += 1
+                        per_dist[dist] = per_dist.get(dist, 0) + 1
+                        if mism <= 5:
+                            print(f"MISMATCH {qname} dist={dist} row={r}: x[:8]={rows[r, :8].tolist()}")
+                            print(f"  reference {want[r * rb:(r + 1) * rb].hex()}")
+                            print(f"  xpackfs   {got[r * rb:(r + 1) * rb].hex()}")
+                done += nrow
+        print(f"{qname}: {done} rows of 256 over {len(DISTS)} distributions ({', '.join(DISTS)}), seed {seed}: "
+              f"{mism} mismatches {per_dist or ''}  (reference {t_ref:.1f}s, xpackfs incl. process+pipe {t_ours:.1f}s)")
+        failures += mism
+    return 1 if failures else 0
+
+
+# ---------------------------------------------------------------- bench
+
+def bench(ref: Ggml, binary: str, nrows: int) -> None:
+    rng = np.random.default_rng(7)
+    rows = random_rows(rng, "weights_like", nrows, 4096)
+    print(f"single-thread quantisation of {nrows} rows x 4096 (weights_like), best of 3")
+    print(f"{'quantiser':<14} {'ggml Mw/s':>10} {'xpackfs Mw/s':>13} {'ratio':>7}")
+    for qname in ["q8_0", "q2_k", "q2_k_unit", "iq2_xxs_unit"]:
+        qtype, kind = QUANT[qname]
+        imp = importance_for(kind, rng, 4096)
+        best_ref = min(timed(lambda: ref.quantize(qtype, rows, imp)) for _ in range(3))
+        # xpackfs: time inside the process, excluding pipe I/O, via --threads 1 and a null run to subtract start-up.
+        ours = []
+        for _ in range(3):
+            _, dt = xpackfs_quantize(binary, qtype, rows, imp, threads=1)
+            _, dt0 = xpackfs_quantize(binary, qtype, rows[:1], imp, threads=1)
+            ours.append(dt - dt0)
+        best_ours = min(ours)
+        n = rows.size / 1e6
+        print(f"{qname:<14} {n / best_ref:>10.1f} {n / best_ours:>13.1f} {best_ref / best_ours:>7.2f}")
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["golden", "diff", "bench"])
+    ap.add_argument("--lib")
+    ap.add_argument("--out", type=Path, default=REPO / "tests" / "golden")
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--types", default="q8_0,q2_k,q2_k_imat,q2_k_unit,iq2_xxs,iq2_xxs_unit")
+    ap.add_argument("--xpackfs", default=str(REPO / "target" / "release" / "xpackfs"))
+    args = ap.parse_args()
+    ref = Ggml(find_lib(args.lib))
+    if args.mode == "golden":
+        golden(ref, args.out)
+        return 0
+    if args.mode == "diff":
+        return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","))
+    bench(ref, args.xpackfs, args.rows if args.rows != 100_000 else 2048)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
