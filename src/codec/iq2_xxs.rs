@@ -133,7 +133,7 @@ pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<()
         let sigma2 = sumx2 / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
-            let qw = &quant_weights[QK_K * ibl + 32 * ib..];
+            let qw: &[f32; 32] = quant_weights[QK_K * ibl + 32 * ib..QK_K * ibl + 32 * ib + 32].try_into().unwrap();
             for i in 0..32 {
                 weight[i] = qw[i] * (sigma2 + xb[i] * xb[i]).sqrt();
             }

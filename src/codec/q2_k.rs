@@ -13,19 +13,19 @@ pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// `make_qkx2_quants` / `make_qkx3_quants` (identical when weights are given).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn make_qkx_quants(
+pub(crate) fn make_qkx_quants<const N: usize>(
     nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l: &mut [u8],
+    x: &[f32; N],
+    weights: &[f32; N],
+    l: &mut [u8; N],
     the_min: &mut f32,
-    laux: &mut [u8],
+    laux: &mut [u8; N],
     rmin: f32,
     rdelta: f32,
     nstep: i32,
     use_mad: bool,
 ) -> f32 {
-    let n = x.len();
+    let n = N;
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
@@ -45,7 +45,7 @@ pub(crate) fn make_qkx_quants(
         min = 0.0;
     }
     if max <= min {
-        l[..n].fill(0);
+        l.fill(0);
         *the_min = -min;
         return 0.0;
     }
@@ -65,15 +65,19 @@ pub(crate) fn make_qkx_quants(
     }
     for is in 0..=nstep {
         iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        // Levels first (independent per element, vectorisable), then the sums in order.
+        let mut lf = [0.0f32; N];
+        for i in 0..n {
+            let li = nearest_int(iscale * (x[i] - min)).max(0).min(nmax);
+            laux[i] = li as u8;
+            lf[i] = li as f32;
+        }
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..n {
-            let li = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = li as u8;
-            let w = weights[i];
-            let lf = li as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+            let wl = weights[i] * lf[i];
+            sum_l += wl;
+            sum_l2 += wl * lf[i];
+            sum_xl += wl * x[i];
         }
         let d = sum_w * sum_l2 - sum_l * sum_l;
         if d > 0.0 {
@@ -83,14 +87,17 @@ pub(crate) fn make_qkx_quants(
                 this_min = 0.0;
                 this_scale = sum_xl / sum_l2;
             }
-            let mut cur_error = 0.0f32;
+            let mut terms = [0.0f32; N];
             for i in 0..n {
-                let mut diff = this_scale * laux[i] as f32 + this_min - x[i];
-                diff = if use_mad { diff.abs() } else { diff * diff };
-                cur_error += weights[i] * diff;
+                let diff = this_scale * lf[i] + this_min - x[i];
+                terms[i] = weights[i] * if use_mad { diff.abs() } else { diff * diff };
+            }
+            let mut cur_error = 0.0f32;
+            for t in terms {
+                cur_error += t;
             }
             if cur_error < best_error {
-                l[..n].copy_from_slice(&laux[..n]);
+                *l = *laux;
                 best_error = cur_error;
                 scale = this_scale;
                 min = this_min;
@@ -103,14 +110,14 @@ pub(crate) fn make_qkx_quants(
 
 /// `make_qp_quants`. `l` is a `uint8_t` array in the reference: negative levels wrap,
 /// and the wrapped values are what the refinement loop reads back.
-pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], l: &mut [u8], quant_weights: &[f32]) -> f32 {
-    let n = x.len();
+pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l: &mut [u8; N], quant_weights: &[f32; N]) -> f32 {
+    let n = N;
     let mut max = 0.0f32;
     for &v in x {
         max = cmax(max, v);
     }
     if max < GROUP_MAX_EPS {
-        l[..n].fill(0);
+        l.fill(0);
         return 0.0;
     }
     let mut iscale = nmax as f32 / max;
@@ -199,7 +206,8 @@ pub fn quantize_row_ref(x: &[f32], y: &mut [u8]) {
             for k in 0..16 {
                 weights[k] = x[16 * j + k].abs();
             }
-            scales[j] = make_qkx_quants(3, &x[16 * j..16 * j + 16], &weights, &mut l[16 * j..], &mut mins[j], &mut laux, -0.5, 0.1, 15, true);
+            let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().unwrap();
+            scales[j] = make_qkx_quants(3, x[16 * j..16 * j + 16].try_into().unwrap(), &weights, lj, &mut mins[j], &mut laux, -0.5, 0.1, 15, true);
             if scales[j] > max_scale {
                 max_scale = scales[j];
             }
@@ -260,14 +268,15 @@ pub fn quantize_row_impl(x: &[f32], y: &mut [u8], quant_weights: &[f32]) {
         }
         let sigma2 = sumx2 / QK_K as f32;
         for j in 0..16 {
-            let qw = &quant_weights[QK_K * i + 16 * j..];
+            let qw: &[f32; 16] = quant_weights[QK_K * i + 16 * j..QK_K * i + 16 * j + 16].try_into().unwrap();
             for k in 0..16 {
                 weight[k] = qw[k] * (sigma2 + x[16 * j + k] * x[16 * j + k]).sqrt();
             }
             for &w in &weight {
                 sw[j] += w;
             }
-            scales[j] = make_qkx_quants(3, &x[16 * j..16 * j + 16], &weight, &mut l[16 * j..], &mut mins[j], &mut laux, -0.9, 0.05, 36, false);
+            let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().unwrap();
+            scales[j] = make_qkx_quants(3, x[16 * j..16 * j + 16].try_into().unwrap(), &weight, lj, &mut mins[j], &mut laux, -0.9, 0.05, 36, false);
         }
         let dm = make_qp_quants(15, &scales, &mut ls, &sw);
         let mm = make_qp_quants(15, &mins, &mut lm, &sw);
