@@ -55,7 +55,8 @@ fn command() -> Command {
                 .subcommand(
                     Command::new("dequantize")
                         .about("ggml blocks on stdin -> little-endian f32 on stdout")
-                        .arg(Arg::new("type").long("type").required(true).help("F32, F16, BF16, Q8_0, Q2_K, Q4_K, Q6_K, IQ2_XXS, MXFP4")),
+                        .arg(Arg::new("type").long("type").required(true).help("F32, F16, BF16, Q8_0, Q2_K, Q4_K, Q6_K, IQ2_XXS, MXFP4"))
+                        .arg(Arg::new("time").long("time").action(ArgAction::SetTrue).help("decode 3 times in-process, print the best time in seconds to stderr, write nothing")),
                 ),
         )
         .subcommand(
@@ -248,6 +249,16 @@ fn run_codec(m: &ArgMatches) -> Result<(), String> {
             let ty = codec::GgmlType::from_name(name).ok_or_else(|| format!("unknown type {name}"))?;
             let blocks = input.len() as u64 / ty.type_size;
             let mut dst = vec![0f32; (blocks * ty.block_size) as usize];
+            if d.get_flag("time") {
+                let mut best = f64::MAX;
+                for _ in 0..3 {
+                    let t = std::time::Instant::now();
+                    codec::dequantize(ty, &input, &mut dst).map_err(|e| e.to_string())?;
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                eprintln!("{best}");
+                return Ok(());
+            }
             codec::dequantize(ty, &input, &mut dst).map_err(|e| e.to_string())?;
             dst.iter().flat_map(|v| v.to_le_bytes()).collect()
         }

@@ -11,7 +11,8 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
         randomized differential test of `xpackfs codec quantize` against the reference,
         over several distributions; prints mismatches and exits 1 if there are any
     python3 tools/ggml_ref.py bench [--rows 4096]
-        single-thread throughput of each quantiser, reference vs xpackfs (same rows)
+        decoder throughput, xpackfs vs the numpy peers (gguf.quants.dequantize, the
+        fourth seed's MXFP4 formula); quantisers vs ggml are in `cargo bench --bench codecs`
 
 Golden file format (little-endian), tests/golden/{quantize,dequantize}.bin:
     b"XPG1", u32 record count, then per record:
@@ -299,23 +300,39 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], b
 # ---------------------------------------------------------------- bench
 
 def bench(ref: Ggml, binary: str, nrows: int) -> None:
+    """Decoders: xpackfs (one thread, timed in-process by `codec dequantize --time`)
+    against the numpy peers (gguf.quants.dequantize, and the fourth seed's decode_mxfp4
+    formula for DeepSeek MXFP4) on the same blocks. Quantisers: see `cargo bench`."""
     rng = np.random.default_rng(7)
-    rows = random_rows(rng, "weights_like", nrows, 4096)
-    print(f"single-thread quantisation of {nrows} rows x 4096 (weights_like), best of 3")
-    print(f"{'quantiser':<14} {'ggml Mw/s':>10} {'xpackfs Mw/s':>13} {'ratio':>7}")
-    for qname in ["q8_0", "q2_k", "q2_k_unit", "iq2_xxs_unit"]:
-        qtype, kind = QUANT[qname]
-        imp = importance_for(kind, rng, 4096)
-        best_ref = min(timed(lambda: ref.quantize(qtype, rows, imp)) for _ in range(3))
-        # xpackfs: time inside the process, excluding pipe I/O, via --threads 1 and a null run to subtract start-up.
-        ours = []
-        for _ in range(3):
-            _, dt = xpackfs_quantize(binary, qtype, rows, imp, threads=1)
-            _, dt0 = xpackfs_quantize(binary, qtype, rows[:1], imp, threads=1)
-            ours.append(dt - dt0)
-        best_ours = min(ours)
-        n = rows.size / 1e6
-        print(f"{qname:<14} {n / best_ref:>10.1f} {n / best_ours:>13.1f} {best_ref / best_ours:>7.2f}")
+    n = nrows * 4096
+    print(f"decoders, {n / 1e6:.0f}M values, best of 3 (M values/s)")
+    print(f"{'type':<18} {'numpy':>9} {'xpackfs':>9} {'ratio':>7}")
+    for qtype in [T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ2_XXS, T.MXFP4]:
+        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+        if qtype == T.MXFP4:
+            blocks = rng.integers(0, 256, (n // bs, ts), dtype=np.uint8)
+            blocks[:, 0] = rng.integers(100, 150, n // bs)
+        else:
+            rows = random_rows(rng, "weights_like", nrows, 4096)
+            blocks = np.frombuffer(ref.quantize(qtype, rows, np.ones(4096, np.float32) if qtype == T.IQ2_XXS else None),
+                                   dtype=np.uint8).reshape(-1, ts)
+        t_np = min(timed(lambda: gguf.quants.dequantize(blocks, qtype)) for _ in range(3))
+        r = subprocess.run([binary, "codec", "dequantize", "--type", qtype.name, "--time"], input=blocks.tobytes(),
+                           capture_output=True)
+        assert r.returncode == 0, r.stderr
+        t_ours = float(r.stderr.decode().strip().splitlines()[-1])
+        print(f"{qtype.name:<18} {n / 1e6 / t_np:>9.0f} {n / 1e6 / t_ours:>9.0f} {t_np / t_ours:>7.2f}")
+    # DeepSeek-layout MXFP4, the seed's numpy formula vs xpackfs (in-process figure from `cargo bench`).
+    weight = rng.integers(0, 256, (nrows, 2048), dtype=np.uint8)
+    scale = rng.integers(100, 150, (nrows, 128), dtype=np.uint8)
+    table = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+    def seed_decode():
+        out = np.empty((nrows, 4096), dtype=np.float32)
+        out[:, 0::2] = table[weight & 0x0F]
+        out[:, 1::2] = table[(weight >> 4) & 0x0F]
+        return out * np.repeat(np.exp2(scale.astype(np.int16) - np.int16(127)).astype(np.float32), 32, axis=-1)
+    t_seed = min(timed(seed_decode) for _ in range(3))
+    print(f"{'MXFP4 (DeepSeek)':<18} {n / 1e6 / t_seed:>9.0f} {'(cargo bench)':>9}")
 
 
 def timed(fn) -> float:
@@ -340,7 +357,7 @@ def main() -> int:
         return 0
     if args.mode == "diff":
         return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","))
-    bench(ref, args.xpackfs, args.rows if args.rows != 100_000 else 2048)
+    bench(ref, args.xpackfs, args.rows if args.rows != 100_000 else 4096)
     return 0
 
 
