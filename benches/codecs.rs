@@ -47,7 +47,11 @@ fn main() {
         let init: libloading::Symbol<unsafe extern "C" fn(i32)> = unsafe { l.get(b"ggml_quantize_init").unwrap() };
         unsafe { init(16) };
     }
-    let (n, k) = (512usize, 4096usize);
+    // `cargo bench` passes --bench; under `cargo test --all-targets` this runs as a quick
+    // smoke test (debug build, tiny sizes) instead.
+    let full = std::env::args().any(|a| a == "--bench");
+    let (n, k) = if full { (512usize, 4096usize) } else { (4, 256) };
+    let reps = if full { 5 } else { 1 };
     let x = rows(n, k);
     let unit = vec![1.0f32; k];
     let imat: Vec<f32> = (0..k).map(|i| 0.5 + ((i * 37) % 101) as f32 / 50.0).collect();
@@ -67,16 +71,16 @@ fn main() {
         let out_len = n * (k / g.block_size as usize) * g.type_size as usize;
         let mut ours = vec![0u8; out_len];
         let mw = (n * k) as f64 / 1e6;
-        let t_ours = best(|| pool1.install(|| codec::quantize_rows(ty, &x, k, imp, &mut ours).unwrap()), 5);
+        let t_ours = best(|| pool1.install(|| codec::quantize_rows(ty, &x, k, imp, &mut ours).unwrap()), reps);
         let mut par = vec![0u8; out_len];
-        let t_par = best(|| codec::quantize_rows_par(ty, &x, k, imp, &mut par).unwrap(), 5);
+        let t_par = best(|| codec::quantize_rows_par(ty, &x, k, imp, &mut par).unwrap(), reps);
         assert_eq!(ours, par);
         let ref_col = match &lib {
             Some(l) => {
                 let f: libloading::Symbol<QuantFn> = unsafe { l.get(sym).unwrap() };
                 let mut theirs = vec![0u8; out_len];
                 let ip = imp.map_or(std::ptr::null(), |v| v.as_ptr());
-                let t = best(|| unsafe { f(x.as_ptr(), theirs.as_mut_ptr(), n as i64, k as i64, ip); }, 5);
+                let t = best(|| unsafe { f(x.as_ptr(), theirs.as_mut_ptr(), n as i64, k as i64, ip); }, reps);
                 assert!(theirs == ours, "{name}: output differs from the reference");
                 Some(t)
             }
@@ -99,20 +103,20 @@ fn main() {
     let mut out = vec![0f32; n * k];
     for ty in [QuantType::Q8_0, QuantType::Q2K, QuantType::Iq2Xxs] {
         let (g, b) = blocks(ty);
-        let t = best(|| codec::dequantize(g, &b, &mut out).unwrap(), 5);
+        let t = best(|| codec::dequantize(g, &b, &mut out).unwrap(), reps);
         println!("{:<22} {:>10.0}", g.name, (n * k) as f64 / 1e6 / t);
     }
     let mx: Vec<u8> = (0..n * k / 32 * 17).map(|i| if i % 17 == 0 { 120 + (i % 9) as u8 } else { (i * 73) as u8 }).collect();
-    let t = best(|| codec::dequantize(xpackfs::codec::GgmlType::from_name("MXFP4").unwrap(), &mx, &mut out).unwrap(), 5);
+    let t = best(|| codec::dequantize(xpackfs::codec::GgmlType::from_name("MXFP4").unwrap(), &mx, &mut out).unwrap(), reps);
     println!("{:<22} {:>10.0}", "MXFP4 (ggml blocks)", (n * k) as f64 / 1e6 / t);
     let packed: Vec<u8> = (0..n * k / 2).map(|i| (i * 29) as u8).collect();
     let scales: Vec<u8> = (0..n * k / 32).map(|i| 118 + (i % 11) as u8).collect();
-    let t = best(|| codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).unwrap(), 5);
+    let t = best(|| codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).unwrap(), reps);
     println!("{:<22} {:>10.0}", "MXFP4 (DeepSeek)", (n * k) as f64 / 1e6 / t);
     let fp8: Vec<u8> = (0..n * k).map(|i| ((i * 13) % 126) as u8).collect();
     let geo = codec::fp8::Fp8Blocks { rows: n, cols: k, block_rows: 128, block_cols: 128 };
     let s8 = vec![120u8; n.div_ceil(128) * k.div_ceil(128)];
     let mut bf = vec![0u16; n * k];
-    let t = best(|| geo.to_bf16(&fp8, 0, &s8, &mut bf).unwrap(), 5);
+    let t = best(|| geo.to_bf16(&fp8, 0, &s8, &mut bf).unwrap(), reps);
     println!("{:<22} {:>10.0}", "FP8 E4M3 -> BF16", (n * k) as f64 / 1e6 / t);
 }
