@@ -306,6 +306,26 @@ impl DigestStore {
     }
 }
 
+impl DigestStore {
+    fn view_path(&self, key: &str) -> Option<PathBuf> {
+        Some(self.dir.as_ref()?.join("views").join(format!("{key}.json")))
+    }
+
+    /// Digests of a view's files remembered under `key` (which must cover the source's
+    /// identity and the view's parameters).
+    pub fn load_view(&self, key: &str) -> Option<Vec<String>> {
+        let text = std::fs::read(self.view_path(key)?).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    pub fn save_view(&self, key: &str, hashes: &[String]) -> Result<(), DigestError> {
+        let Some(path) = self.view_path(key) else { return Ok(()) };
+        let err = |what: String| DigestError::Store { path: path.clone(), what };
+        std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| err(format!("cannot create directory: {e}")))?;
+        crate::fsutil::write_atomic(&path, &serde_json::to_vec(hashes).unwrap()).map_err(|e| err(e.to_string()))
+    }
+}
+
 fn covers(d: &SourceDigests, source: &Source) -> bool {
     source.tensors.iter().all(|t| {
         d.tensors

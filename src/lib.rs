@@ -6,6 +6,7 @@
 //! [`serve`] (FUSE) and materialisation read views through the same
 //! [`view::VirtualFile::read_at`].
 
+pub mod cache;
 pub mod cli;
 pub mod codec;
 pub mod digest;

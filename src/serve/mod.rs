@@ -23,13 +23,20 @@ use options::MountOptions;
 /// Build the view tree a mount of `source` with `opts` serves.
 pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewError> {
     let store = DigestStore::from_option(opts.digest_store.as_deref());
-    match opts.view.as_str() {
+    let cache = std::sync::Arc::new(crate::cache::ChunkCache::new(opts.cache_mb << 20));
+    let view = match opts.view.as_str() {
+        "auto" if source.safetensors().is_some() => "bf16-cache",
+        "auto" => "expert-pack",
+        v => v,
+    };
+    match view {
         "expert-pack" => expert_pack::build(source, &store, &opts.pack),
+        "bf16-cache" => crate::view::bf16_cache::build(source, &store, cache),
         other => Err(ViewError::Option { option: "view", rule: format!("unknown view {other:?}") }),
     }
 }
 
-/// Owner, read bits and mtime of the served files come from the source file.
+/// Owner, read bits and mtime of the served files come from the source (file or directory).
 pub fn ownership_of(path: &Path) -> std::io::Result<Ownership> {
     let m = std::fs::metadata(path)?;
     Ok(Ownership {

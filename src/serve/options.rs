@@ -10,7 +10,8 @@ use crate::view::expert_pack::PackOptions;
 
 /// (key, takes a value, help). The single list from which `-o` parsing and the help text come.
 pub const OPTIONS: &[(&str, bool, &str)] = &[
-    ("view", true, "view to serve: expert-pack (default)"),
+    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache"),
+    ("cache_mb", true, "byte budget of the computed-chunk cache in MiB (default 1024)"),
     ("name", true, "file name stem of the pack (default: the source's stem)"),
     ("model_ref", true, "model reference recorded in the manifest (default deepseek-v4-flash)"),
     ("model_identity_sha256", true, "model identity digest, 64 hex (default: sha256 of the GGUF header)"),
@@ -45,6 +46,7 @@ const IGNORED: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct MountOptions {
     pub view: String,
+    pub cache_mb: usize,
     pub pack: PackOptions,
     pub digest_store: Option<String>,
     pub threads: usize,
@@ -62,7 +64,8 @@ pub struct MountOptions {
 impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
-            view: "expert-pack".into(),
+            view: "auto".into(),
+            cache_mb: 1024,
             pack: PackOptions::default(),
             digest_store: None,
             threads: 8,
@@ -106,10 +109,16 @@ impl MountOptions {
         let p = &mut self.pack;
         match key {
             "view" => {
-                if v != "expert-pack" {
-                    return Err(format!("option view: unknown view {v:?}; available: expert-pack"));
+                if !["auto", "expert-pack", "bf16-cache"].contains(&v) {
+                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, bf16-cache"));
                 }
                 self.view = v.into()
+            }
+            "cache_mb" => {
+                self.cache_mb = num(key, v)?;
+                if self.cache_mb == 0 {
+                    return Err("option cache_mb: must be at least 1".into());
+                }
             }
             "name" => {
                 if v.is_empty() || v.contains('/') || v == "." || v == ".." {

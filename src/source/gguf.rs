@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Source, SourceError, SourceFile, SourceKind, TensorInfo};
+use super::{Source, SourceError, SourceFile, SourceKind, TensorDtype, TensorInfo};
 use crate::codec::GgmlType;
 
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
@@ -467,7 +467,7 @@ pub fn parse_file(
         }
         tensors.push(TensorInfo {
             name: r.name,
-            ggml_type,
+            dtype: TensorDtype::Ggml(ggml_type),
             shape: r.shape,
             file: file_index,
             offset,
@@ -529,7 +529,7 @@ mod tests {
         }
         assert_eq!(meta.arch_u64("expert_count"), Some(8));
         let t = s.tensor("blk.1.ffn_down_exps.weight").unwrap();
-        assert_eq!((t.shape.clone(), t.ggml_type.name, t.nbytes), (vec![128, 256, 8], "MXFP4", 8 * 17408));
+        assert_eq!((t.shape.clone(), t.dtype.name(), t.nbytes), (vec![128, 256, 8], "MXFP4".to_string(), 8 * 17408));
         assert_eq!(t.offset % 32, 0);
     }
 

@@ -8,6 +8,7 @@
 
 pub mod file;
 pub mod gguf;
+pub mod safetensors;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,12 +38,35 @@ impl SourceError {
     }
 }
 
+/// The element type of a tensor, in its source format's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorDtype {
+    Ggml(GgmlType),
+    Safetensors(::safetensors::Dtype),
+}
+
+impl TensorDtype {
+    pub fn ggml(&self) -> Option<GgmlType> {
+        match self {
+            TensorDtype::Ggml(g) => Some(*g),
+            TensorDtype::Safetensors(_) => None,
+        }
+    }
+    pub fn name(&self) -> String {
+        match self {
+            TensorDtype::Ggml(g) => g.name.to_string(),
+            TensorDtype::Safetensors(d) => safetensors::dtype_name(*d),
+        }
+    }
+}
+
 /// One tensor of a source.
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
     pub name: String,
-    pub ggml_type: GgmlType,
-    /// GGUF order: `shape[0]` is the contiguous dimension (ggml's `ne`).
+    pub dtype: TensorDtype,
+    /// As the source states it: GGUF tensors in ggml `ne` order (`shape[0]` contiguous),
+    /// safetensors tensors row-major (last dimension contiguous).
     pub shape: Vec<u64>,
     /// Index into [`Source::files`].
     pub file: usize,
@@ -65,12 +89,15 @@ pub struct Source {
 #[derive(Debug)]
 pub enum SourceKind {
     Gguf(gguf::GgufMeta),
+    Safetensors(safetensors::SafetensorsMeta),
 }
 
 impl Source {
-    /// Open a checkpoint by path, detecting its format.
+    /// Open a checkpoint by path, detecting its format: a `.gguf` file (or part of a split
+    /// set), a `.safetensors` file, or a directory of safetensors shards.
     pub fn open(path: &Path) -> Result<Source, SourceError> {
-        gguf::open(path)
+        let is_safetensors = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
+        if is_safetensors { safetensors::open(path) } else { gguf::open(path) }
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -95,6 +122,14 @@ impl Source {
     pub fn gguf(&self) -> Option<&gguf::GgufMeta> {
         match &self.kind {
             SourceKind::Gguf(meta) => Some(meta),
+            SourceKind::Safetensors(_) => None,
+        }
+    }
+
+    pub fn safetensors(&self) -> Option<&safetensors::SafetensorsMeta> {
+        match &self.kind {
+            SourceKind::Safetensors(meta) => Some(meta),
+            SourceKind::Gguf(_) => None,
         }
     }
 }

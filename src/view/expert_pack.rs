@@ -171,6 +171,9 @@ pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
     let mut role_nbytes: Option<(u64, &TensorInfo)> = None;
     for &i in roles.iter().flatten() {
         let t = &source.tensors[i];
+        let Some(ggml_type) = t.dtype.ggml() else {
+            return Err(layout_err(format!("{}: the expert pack needs a GGUF source", t.name)));
+        };
         if t.shape.len() != 3 {
             return Err(layout_err(format!("{}: expected a 3-dimensional expert tensor, shape is {:?}", t.name, t.shape)));
         }
@@ -187,10 +190,10 @@ pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
         }
         let slice = t.nbytes / e;
         let elements = t.shape[0] * t.shape[1];
-        if t.ggml_type.row_bytes(elements) != Some(slice) {
+        if ggml_type.row_bytes(elements) != Some(slice) {
             return Err(layout_err(format!(
                 "{}: expert slice of {slice} bytes does not hold {elements} {} elements",
-                t.name, t.ggml_type
+                t.name, ggml_type
             )));
         }
         match role_nbytes {
@@ -203,8 +206,8 @@ pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
             }
             _ => {}
         }
-        if t.ggml_type.name.len() >= 16 {
-            return Err(layout_err(format!("{}: type name {} does not fit the 16-byte dtype field", t.name, t.ggml_type)));
+        if ggml_type.name.len() >= 16 {
+            return Err(layout_err(format!("{}: type name {} does not fit the 16-byte dtype field", t.name, ggml_type)));
         }
         if t.name.len() > 80 {
             return Err(layout_err(format!("{}: name does not fit the 80-byte tensor_name field", t.name)));
@@ -538,6 +541,7 @@ impl ExpertPack {
                 let generation = generation(&model_identity, &digests.source_sha256, layer, expert);
                 for (role, &ti) in layout.roles[layer as usize].iter().enumerate() {
                     let t = &source.tensors[ti];
+                    let g = t.dtype.ggml().ok_or_else(|| ViewError::Internal(format!("{} is not a ggml tensor", t.name)))?;
                     let td = digests.tensors.get(&t.name).ok_or_else(|| ViewError::Internal(format!("no digest for {}", t.name)))?;
                     let slice_hex = td.slices.get(expert as usize).ok_or_else(|| ViewError::Internal(format!("no slice digest for {}", t.name)))?;
                     let slice_sha = parse_hex32("slice digest", slice_hex)?;
@@ -548,8 +552,8 @@ impl ExpertPack {
                         expert: expert as u16,
                         role_id: role as u8,
                         rank: (t.shape.len() - 1) as u8,
-                        dtype_id: t.ggml_type.id as u16,
-                        dtype: t.ggml_type.name.to_string(),
+                        dtype_id: g.id as u16,
+                        dtype: g.name.to_string(),
                         tensor_name: t.name.clone(),
                         source_tensor_offset: t.logical_offset,
                         source_tensor_nbytes: t.nbytes,
@@ -561,9 +565,9 @@ impl ExpertPack {
                         source_slice_sha256: slice_sha,
                         checksum: slice_sha,
                         shape,
-                        quant_scheme: t.ggml_type.name.to_string(),
+                        quant_scheme: g.name.to_string(),
                         transform_id: TRANSFORM_ID.to_string(),
-                        block_size: t.ggml_type.block_size,
+                        block_size: g.block_size,
                         generation,
                     }
                     .encode_into(&mut head);
@@ -623,9 +627,13 @@ impl ExpertPack {
         let mut tensors = Vec::with_capacity(sorted.len());
         for (i, t) in &sorted {
             let sha = &d.tensors[&t.name].sha256;
+            let (type_name, type_id) = match t.dtype.ggml() {
+                Some(g) => (g.name.to_string(), g.id),
+                None => (t.dtype.name(), u32::MAX),
+            };
             let record = json!({
-                "kind": "tensor", "name": t.name, "shape": t.shape, "type": t.ggml_type.name,
-                "type_id": t.ggml_type.id, "offset": t.logical_offset, "nbytes": t.nbytes, "sha256": sha,
+                "kind": "tensor", "name": t.name, "shape": t.shape, "type": type_name,
+                "type_id": type_id, "offset": t.logical_offset, "nbytes": t.nbytes, "sha256": sha,
             });
             inventory.update(pyjson::dumps(&record, &pyjson::Style::DEFAULT_SORTED).as_bytes());
             inventory.update(b"\n");
@@ -633,14 +641,14 @@ impl ExpertPack {
             tensors.push(json!({
                 "name": t.name,
                 "shape": t.shape,
-                "type": t.ggml_type.name,
-                "type_id": t.ggml_type.id,
+                "type": type_name,
+                "type_id": type_id,
                 "source_offset": t.logical_offset,
                 "source_nbytes": t.nbytes,
                 "source_payload_sha256": sha,
                 "category": if is_routed { "routed_expert" } else { "non_routed" },
                 "mapping": if is_routed { "expert_pack_identity" } else { "gguf_direct_identity" },
-                "scale_storage": if t.ggml_type.name == "MXFP4" { "inline_quant_block" } else { "tensor_native" },
+                "scale_storage": if type_name == "MXFP4" { "inline_quant_block" } else { "tensor_native" },
             }));
         }
         let payload_bytes = l.index_count * l.role_nbytes;

@@ -1,6 +1,7 @@
 //! Views: each describes a directory of virtual files in terms of source ranges, literal
 //! bytes, zeros and computed chunks. Nothing here knows about FUSE.
 
+pub mod bf16_cache;
 pub mod expert_pack;
 pub mod tree;
 pub mod vfile;
@@ -23,6 +24,9 @@ pub enum ViewError {
     /// A view option is invalid.
     #[error("option {option}: {rule}")]
     Option { option: &'static str, rule: String },
+    /// Content found wrong only when read (a non-finite value, ...): EIO for that read.
+    #[error("tensor {tensor}: {rule}")]
+    Content { tensor: String, rule: String },
     #[error("internal error: {0}")]
     Internal(String),
 }

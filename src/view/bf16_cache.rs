@@ -1,0 +1,540 @@
+//! The BF16 non-expert cache of a DeepSeek V4 / V4.1 checkpoint, as the third seed
+//! (`kt_deepseek_v4.py`, `_convert_non_expert_cache`) writes it: `non-expert-NNN.safetensors`
+//! shards (one per contributing source shard, in sorted order), `model.safetensors.index.json`
+//! and `kt_non_expert_manifest.json`.
+//!
+//! Tensor selection, renaming (`canonical_non_expert_key`) and every error condition follow
+//! the seed; the ones visible in headers are reported at mount time. FP8 weights become
+//! BF16 on read, in chunks of whole scale-block rows, through the chunk cache; BF16/F32
+//! tensors are served from the source after a finiteness check (the seed's "non-finite
+//! source tensor"); I64 tensors straight from the source. Shard files are laid out exactly
+//! as `safetensors.torch.save_file(tensors, metadata={"format": "pt"})` lays them out: the
+//! header comes from the `safetensors` crate's own serialiser (which the Python package
+//! calls), tensors ordered by dtype, then name.
+//!
+//! V4.1 (`model_type` `deepseek_v41`, parameters under `text_config`, FP8 blocks from its
+//! `weight_block_size`, e.g. 32x32) goes beyond the seed, with the same rules.
+//!
+//! The manifest holds every shard's sha256. Its size does not depend on the digests (fixed
+//! length hex), so it is known at mount; its bytes are computed on first read by hashing
+//! the shards through this view, then remembered in the digest store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::cache::ChunkCache;
+use crate::codec::fp8::Fp8Blocks;
+use crate::digest::{self, DigestStore};
+use crate::pyjson::{self, Style};
+use crate::source::{Source, SourceFile, TensorInfo};
+
+pub const KIND: &str = "deepseek-v4-non-expert-bf16";
+pub const INDEX_NAME: &str = "model.safetensors.index.json";
+pub const MANIFEST_NAME: &str = "kt_non_expert_manifest.json";
+const VIEW: &str = "bf16-cache";
+
+fn err(rule: impl Into<String>) -> ViewError {
+    ViewError::Layout { view: VIEW, rule: rule.into() }
+}
+
+/// The seed's `canonical_non_expert_key`.
+pub fn canonical_non_expert_key(key: &str) -> Result<String, ViewError> {
+    if key.starts_with("mtp.") || key.contains(".experts.") {
+        return Err(err(format!("not a non-expert base-model tensor: {key}")));
+    }
+    let heads = [
+        ("embed.weight", "model.embed_tokens.weight"),
+        ("head.weight", "lm_head.weight"),
+        ("norm.weight", "model.norm.weight"),
+        ("hc_head_fn", "model.hc_head.hc_fn"),
+        ("hc_head_base", "model.hc_head.hc_base"),
+        ("hc_head_scale", "model.hc_head.hc_scale"),
+    ];
+    if let Some((_, t)) = heads.iter().find(|(k, _)| *k == key) {
+        return Ok(t.to_string());
+    }
+    if !key.starts_with("layers.") {
+        return Err(err(format!("unsupported V4 checkpoint key: {key}")));
+    }
+    let mut key = format!("model.{key}");
+    const REPLACEMENTS: &[(&str, &str)] = &[
+        (".attn.", ".self_attn."),
+        (".ffn.", ".mlp."),
+        (".indexer.compressor.", ".compressor.indexer."),
+        (".indexer.weights_proj.", ".compressor.indexer.scorer.weights_proj."),
+        (".indexer.wq_b.", ".compressor.indexer.q_b_proj."),
+        (".attn_norm.", ".input_layernorm."),
+        (".ffn_norm.", ".post_attention_layernorm."),
+        (".attn_sink", ".sinks"),
+        (".q_norm.", ".q_a_norm."),
+        (".norm.", ".kv_norm."),
+        (".wq_a.", ".q_a_proj."),
+        (".wq_b.", ".q_b_proj."),
+        (".wkv.", ".kv_proj."),
+        (".wgate.", ".gate_proj."),
+        (".wo_a.", ".o_a_proj."),
+        (".wo_b.", ".o_b_proj."),
+        (".shared_experts.w1.", ".shared_experts.gate_proj."),
+        (".shared_experts.w2.", ".shared_experts.down_proj."),
+        (".shared_experts.w3.", ".shared_experts.up_proj."),
+        (".gate.bias", ".gate.e_score_correction_bias"),
+        (".ape", ".position_bias"),
+    ];
+    for (old, new) in REPLACEMENTS {
+        key = key.replace(old, new);
+    }
+    for (native, target) in [("hc_attn", "attn_hc"), ("hc_ffn", "ffn_hc")] {
+        for suffix in ["fn", "base", "scale"] {
+            key = key.replace(&format!(".{native}_{suffix}"), &format!(".{target}.{suffix}"));
+        }
+    }
+    Ok(key)
+}
+
+/// What the config says: variant, dimensions, FP8 block shape.
+#[derive(Debug, Clone)]
+pub struct V4Config {
+    pub model_type: String,
+    pub layers: u64,
+    pub experts: u64,
+    pub hidden: u64,
+    pub inter: u64,
+    pub block: [usize; 2],
+}
+
+fn positive(v: Option<&Value>) -> Option<u64> {
+    v.and_then(Value::as_u64).filter(|&x| x > 0)
+}
+
+pub fn read_config(config: &Value) -> Result<V4Config, ViewError> {
+    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let (text, expected_block) = match model_type {
+        "deepseek_v4" => (config, Some([128usize, 128])),
+        "deepseek_v41" => (config.get("text_config").ok_or_else(|| err("deepseek_v41 config has no text_config"))?, None),
+        other => return Err(err(format!("native MXFP4 SFT currently requires DeepSeek V4 (model_type deepseek_v4 or deepseek_v41), got {other:?}"))),
+    };
+    let quant = text.get("quantization_config").or_else(|| config.get("quantization_config")).cloned().unwrap_or(Value::Null);
+    let block: Option<[usize; 2]> = quant.get("weight_block_size").and_then(Value::as_array).and_then(|a| {
+        let v: Vec<usize> = a.iter().filter_map(|x| x.as_u64().filter(|&x| x > 0).map(|x| x as usize)).collect();
+        (v.len() == 2 && a.len() == 2).then(|| [v[0], v[1]])
+    });
+    let ok = quant.get("quant_method").and_then(Value::as_str) == Some("fp8")
+        && quant.get("fmt").and_then(Value::as_str) == Some("e4m3")
+        && quant.get("scale_fmt").and_then(Value::as_str) == Some("ue8m0")
+        && block.is_some()
+        && expected_block.is_none_or(|b| Some(b) == block);
+    if !ok {
+        return Err(err(format!("expected the native V4 FP8/UE8M0 non-expert checkpoint, quantization_config is {quant}")));
+    }
+    let dims: Vec<Option<u64>> = ["num_hidden_layers", "n_routed_experts", "hidden_size", "moe_intermediate_size"]
+        .iter()
+        .map(|k| positive(text.get(*k)))
+        .collect();
+    if dims.iter().any(Option::is_none) {
+        return Err(err("native V4 dimensions must be positive integers"));
+    }
+    let (layers, experts, hidden, inter) = (dims[0].unwrap(), dims[1].unwrap(), dims[2].unwrap(), dims[3].unwrap());
+    if hidden % 32 != 0 || inter % 32 != 0 {
+        return Err(err("invalid MXFP4 routed-expert dimensions"));
+    }
+    Ok(V4Config { model_type: model_type.to_string(), layers, experts, hidden, inter, block: block.unwrap() })
+}
+
+fn is_fp8(d: Dtype) -> bool {
+    d == Dtype::F8_E4M3
+}
+
+/// Check the routed-expert inventory as the seed's `inspect_native_checkpoint` does.
+pub fn check_experts(source: &Source, cfg: &V4Config) -> Result<(), ViewError> {
+    let by_name: HashMap<&str, &TensorInfo> = source.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut expected: HashMap<String, (Vec<u64>, &[Dtype])> = HashMap::new();
+    for layer in 0..cfg.layers {
+        for expert in 0..cfg.experts {
+            for (proj, n, k) in [("w1", cfg.inter, cfg.hidden), ("w3", cfg.inter, cfg.hidden), ("w2", cfg.hidden, cfg.inter)] {
+                let prefix = format!("layers.{layer}.ffn.experts.{expert}.{proj}");
+                expected.insert(format!("{prefix}.weight"), (vec![n, k / 2], &[Dtype::I8, Dtype::U8]));
+                expected.insert(format!("{prefix}.scale"), (vec![n, k / 32], &[Dtype::F8_E8M0]));
+            }
+        }
+    }
+    for t in &source.tensors {
+        let dtype = match t.dtype {
+            crate::source::TensorDtype::Safetensors(d) => d,
+            _ => return Err(err("the BF16 cache view needs a safetensors checkpoint")),
+        };
+        if let Some((shape, dtypes)) = expected.get(t.name.as_str()) {
+            if &t.shape != shape || !dtypes.contains(&dtype) {
+                return Err(err(format!("invalid native MXFP4 tensor {}: {:?}, {dtype:?}", t.name, t.shape)));
+            }
+        } else if t.name.contains(".experts.") && !t.name.starts_with("mtp.") {
+            return Err(err(format!("unexpected routed-expert tensor: {}", t.name)));
+        }
+    }
+    if let Some(missing) = expected.keys().find(|k| !by_name.contains_key(k.as_str())) {
+        return Err(err(format!("incomplete native MXFP4 checkpoint: {missing} is missing")));
+    }
+    Ok(())
+}
+
+/// One tensor of the cache: where it comes from and what it becomes.
+#[derive(Debug, Clone)]
+struct Planned {
+    target: String,
+    source: usize,
+    /// Index of the FP8 scale tensor, for FP8 weights.
+    scale: Option<usize>,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    nbytes: u64,
+}
+
+/// The seed's `_expected_cache_inventory` (with its errors) plus where each tensor comes from.
+fn plan(source: &Source, cfg: &V4Config) -> Result<Vec<Planned>, ViewError> {
+    let by_name: HashMap<&str, usize> = source.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
+    let dtype_of = |name: &str| -> Option<Dtype> {
+        by_name.get(name).and_then(|&i| match source.tensors[i].dtype {
+            crate::source::TensorDtype::Safetensors(d) => Some(d),
+            _ => None,
+        })
+    };
+    let mut out = Vec::new();
+    let mut targets = std::collections::HashSet::new();
+    for (i, t) in source.tensors.iter().enumerate() {
+        let key = t.name.as_str();
+        if key.starts_with("mtp.") || key.contains(".experts.") {
+            continue;
+        }
+        if let Some(base) = key.strip_suffix(".scale") {
+            if !dtype_of(&format!("{base}.weight")).is_some_and(is_fp8) {
+                return Err(err(format!("orphan non-expert FP8 scale: {key}")));
+            }
+            continue;
+        }
+        let mut dtype = dtype_of(key).unwrap();
+        let mut scale = None;
+        if is_fp8(dtype) {
+            let scale_key = format!("{}.scale", key.strip_suffix(".weight").unwrap_or(key));
+            if dtype_of(&scale_key) != Some(Dtype::F8_E8M0) {
+                return Err(err(format!("missing native FP8 scale: {key}")));
+            }
+            let si = by_name[scale_key.as_str()];
+            let s = &source.tensors[si];
+            let ok = t.shape.len() == 2
+                && s.shape.len() == 2
+                && s.shape[0] == t.shape[0].div_ceil(cfg.block[0] as u64)
+                && s.shape[1] == t.shape[1].div_ceil(cfg.block[1] as u64);
+            if !ok {
+                return Err(err(format!("invalid V4 non-expert FP8 weight/scale shape: {key} {:?} with scale {:?}", t.shape, s.shape)));
+            }
+            scale = Some(si);
+            dtype = Dtype::BF16;
+        }
+        if !matches!(dtype, Dtype::BF16 | Dtype::F32 | Dtype::I64) {
+            return Err(err(format!("unsupported non-expert dtype {dtype:?}: {key}")));
+        }
+        let target = canonical_non_expert_key(key)?;
+        if !targets.insert(target.clone()) {
+            return Err(err(format!("duplicate converted key: {target}")));
+        }
+        let elements: u64 = t.shape.iter().product();
+        out.push(Planned { target, source: i, scale, dtype, shape: t.shape.clone(), nbytes: elements * dtype.bitsize() as u64 / 8 });
+    }
+    Ok(out)
+}
+
+/// FP8 weight -> BF16, chunks of whole block rows, through the cache.
+#[derive(Debug)]
+struct Fp8Chunks {
+    name: String,
+    weight: Arc<SourceFile>,
+    weight_offset: u64,
+    scale: Arc<SourceFile>,
+    scale_offset: u64,
+    scale_len: usize,
+    geo: Fp8Blocks,
+    rows_per_chunk: usize,
+    cache: Arc<ChunkCache>,
+    id: u64,
+}
+
+impl ChunkSource for Fp8Chunks {
+    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
+        self.cache.get_or_compute((self.id, id), || {
+            let first = id as usize * self.rows_per_chunk;
+            let rows = self.rows_per_chunk.min(self.geo.rows - first);
+            let mut w = vec![0u8; rows * self.geo.cols];
+            self.weight.read_exact_at(&mut w, self.weight_offset + (first * self.geo.cols) as u64)?;
+            let mut s = vec![0u8; self.scale_len];
+            self.scale.read_exact_at(&mut s, self.scale_offset)?;
+            let mut out = vec![0u16; rows * self.geo.cols];
+            self.geo.to_bf16(&w, first, &s, &mut out).map_err(|e| {
+                let rule = match e {
+                    crate::codec::CodecError::BadScale { .. } => format!("non-finite or non-positive FP8 scales ({e})"),
+                    crate::codec::CodecError::NonFiniteWeight { .. } => format!("non-finite FP8 non-expert weight ({e})"),
+                    crate::codec::CodecError::Bf16Overflow { .. } => format!("FP8 non-expert weight overflows BF16 ({e})"),
+                    other => other.to_string(),
+                };
+                ViewError::Content { tensor: self.name.clone(), rule }
+            })?;
+            Ok(out.iter().flat_map(|v| v.to_le_bytes()).collect())
+        })
+    }
+}
+
+/// A floating-point tensor served from the source after checking it is finite.
+#[derive(Debug)]
+struct CheckedChunks {
+    name: String,
+    file: Arc<SourceFile>,
+    offset: u64,
+    nbytes: u64,
+    dtype: Dtype,
+    chunk_bytes: u64,
+}
+
+impl ChunkSource for CheckedChunks {
+    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
+        let start = id * self.chunk_bytes;
+        let len = self.chunk_bytes.min(self.nbytes - start) as usize;
+        let mut b = vec![0u8; len];
+        self.file.read_exact_at(&mut b, self.offset + start)?;
+        let finite = match self.dtype {
+            Dtype::BF16 => b.chunks_exact(2).all(|x| (u16::from_le_bytes([x[0], x[1]]) & 0x7F80) != 0x7F80),
+            Dtype::F32 => b.chunks_exact(4).all(|x| f32::from_le_bytes(x.try_into().unwrap()).is_finite()),
+            _ => true,
+        };
+        if !finite {
+            return Err(ViewError::Content { tensor: self.name.clone(), rule: "non-finite source tensor".into() });
+        }
+        Ok(b.into())
+    }
+}
+
+/// The safetensors header `save_file(tensors, metadata={"format": "pt"})` writes, and the
+/// tensors in file order with their offsets.
+pub fn safetensors_header(tensors: &[(String, Dtype, Vec<u64>, u64)]) -> Result<(Vec<u8>, Vec<usize>), ViewError> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| tensors[b].1.cmp(&tensors[a].1).then(tensors[a].0.cmp(&tensors[b].0)));
+    let mut offset = 0usize;
+    let mut infos = Vec::with_capacity(tensors.len());
+    for &i in &order {
+        let (name, dtype, shape, nbytes) = &tensors[i];
+        infos.push((name.clone(), StInfo { dtype: *dtype, shape: shape.iter().map(|&d| d as usize).collect(), data_offsets: (offset, offset + *nbytes as usize) }));
+        offset += *nbytes as usize;
+    }
+    let meta = Metadata::new(Some(HashMap::from([("format".to_string(), "pt".to_string())])), infos)
+        .map_err(|e| ViewError::Internal(format!("safetensors header: {e}")))?;
+    let mut header = serde_json::to_string(&meta).map_err(|e| ViewError::Internal(e.to_string()))?.into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    Ok((out, order))
+}
+
+/// sha256 of the 8-byte length plus the JSON header, and the sampled payload digest, as
+/// the seed's `_rawint4_shard_record` computes them (see shared/reference/deepseek-v4.md).
+fn shard_record(file: &SourceFile, header_len: u64) -> Result<Value, ViewError> {
+    let mut head = vec![0u8; 8 + header_len as usize];
+    file.read_exact_at(&mut head, 0)?;
+    let payload_start = 8 + header_len;
+    let payload = file.size() - payload_start;
+    let window = payload.min(64 << 10);
+    let span = payload - window;
+    let mut offsets: Vec<u64> = vec![payload_start];
+    offsets.extend((0..8).map(|i| payload_start + span * i / 7));
+    offsets.sort();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; window as usize];
+    for off in offsets {
+        file.read_exact_at(&mut buf, off)?;
+        h.update((off - payload_start).to_string().as_bytes());
+        h.update(b"\0");
+        h.update(&buf);
+    }
+    let id = file.identity();
+    Ok(json!({
+        "name": file.path().file_name().unwrap().to_string_lossy(),
+        "size": file.size(),
+        "header_sha256": digest::sha256_hex(&head),
+        "sample_sha256": digest::hex(&h.finalize()),
+        "file_identity": {"device": id.device, "inode": id.inode, "ctime_ns": id.ctime_ns as i64},
+    }))
+}
+
+fn canonical_sha(v: &Value) -> String {
+    digest::sha256_hex(pyjson::dumps(v, &Style::CANONICAL).as_bytes())
+}
+
+/// The manifest, computed on first read (it needs every shard's sha256).
+struct ManifestChunk {
+    len: u64,
+    build: Box<dyn Fn() -> Result<Vec<u8>, ViewError> + Send + Sync>,
+    done: OnceLock<Arc<[u8]>>,
+}
+
+impl std::fmt::Debug for ManifestChunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManifestChunk").field("len", &self.len).finish()
+    }
+}
+
+impl ChunkSource for ManifestChunk {
+    fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
+        if let Some(b) = self.done.get() {
+            return Ok(b.clone());
+        }
+        let bytes = (self.build)()?;
+        if bytes.len() as u64 != self.len {
+            return Err(ViewError::Internal(format!("manifest is {} bytes, announced {}", bytes.len(), self.len)));
+        }
+        Ok(self.done.get_or_init(|| bytes.into()).clone())
+    }
+}
+
+/// Build the view.
+pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Result<Tree, ViewError> {
+    let meta = source.safetensors().ok_or_else(|| err("the BF16 cache view needs a safetensors checkpoint"))?;
+    let config = meta.config.as_ref().ok_or_else(|| err("config.json is missing"))?;
+    let cfg = read_config(config)?;
+    let index_path = meta.index_path.as_ref().ok_or_else(|| err(format!("native safetensors index {INDEX_NAME} is missing")))?;
+    check_experts(source, &cfg)?;
+    let planned = plan(source, &cfg)?;
+
+    // Output shards: one per source shard that contributes tensors, in sorted order.
+    let mut by_file: BTreeMap<usize, Vec<&Planned>> = BTreeMap::new();
+    for p in &planned {
+        by_file.entry(source.tensors[p.source].file).or_default().push(p);
+    }
+    let mut tree = Tree::new();
+    let mut weight_map = serde_json::Map::new();
+    let mut files: Vec<(String, Arc<VirtualFile>)> = Vec::new();
+    for (k, (_, list)) in by_file.iter().enumerate() {
+        let name = format!("non-expert-{k:03}.safetensors");
+        let specs: Vec<(String, Dtype, Vec<u64>, u64)> = list.iter().map(|p| (p.target.clone(), p.dtype, p.shape.clone(), p.nbytes)).collect();
+        let (header, order) = safetensors_header(&specs)?;
+        let mut f = VirtualFile::new();
+        f.push(Extent::Bytes(header.into()));
+        for &i in &order {
+            let p = list[i];
+            let t = &source.tensors[p.source];
+            let file = source.files[t.file].clone();
+            if let Some(si) = p.scale {
+                let s = &source.tensors[si];
+                let geo = Fp8Blocks { rows: t.shape[0] as usize, cols: t.shape[1] as usize, block_rows: cfg.block[0], block_cols: cfg.block[1] };
+                let target_chunk = (2usize << 20) / (geo.cols * 2).max(1);
+                let rows_per_chunk = (target_chunk / geo.block_rows).max(1) * geo.block_rows;
+                let src = Arc::new(Fp8Chunks {
+                    name: t.name.clone(),
+                    weight: file.clone(),
+                    weight_offset: t.offset,
+                    scale: source.files[s.file].clone(),
+                    scale_offset: s.offset,
+                    scale_len: s.nbytes as usize,
+                    geo,
+                    rows_per_chunk,
+                    id: cache.producer_id(),
+                    cache: cache.clone(),
+                });
+                for c in 0..geo.rows.div_ceil(rows_per_chunk) {
+                    let rows = rows_per_chunk.min(geo.rows - c * rows_per_chunk);
+                    f.push(Extent::Computed { source: src.clone(), id: c as u64, len: (rows * geo.cols * 2) as u64 });
+                }
+            } else if p.dtype == Dtype::I64 {
+                f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
+            } else {
+                let chunk_bytes = 4u64 << 20;
+                let src = Arc::new(CheckedChunks { name: t.name.clone(), file, offset: t.offset, nbytes: t.nbytes, dtype: p.dtype, chunk_bytes });
+                for c in 0..t.nbytes.div_ceil(chunk_bytes) {
+                    f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
+                }
+            }
+            weight_map.insert(p.target.clone(), Value::String(name.clone()));
+        }
+        let ino = tree.add_file(ROOT_INO, &name, f);
+        if let Some(crate::view::NodeKind::File(vf)) = tree.get(ino).map(|n| &n.kind) {
+            files.push((name, vf.clone()));
+        }
+    }
+    let index_bytes = pyjson::dumps(&json!({"metadata": {}, "weight_map": Value::Object(weight_map)}), &Style::CANONICAL).into_bytes();
+    let index_sha256 = digest::sha256_hex(&index_bytes);
+    tree.add_file(ROOT_INO, INDEX_NAME, VirtualFile::from_bytes(index_bytes));
+
+    // Source identity and fingerprint (headers and sampled payload windows only).
+    let mut shard_records = Vec::new();
+    for (f, h) in source.files.iter().zip(&meta.shards) {
+        shard_records.push(shard_record(f, h.header_len)?);
+    }
+    let file_sha = |p: &std::path::Path| -> Result<String, ViewError> {
+        let b = std::fs::read(p).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
+        Ok(digest::sha256_hex(&b))
+    };
+    let config_path = meta.config_path.as_ref().ok_or_else(|| err("config.json is missing"))?;
+    let identity = json!({"config_sha256": file_sha(config_path)?, "index_sha256": file_sha(index_path)?, "shards": shard_records});
+    let fingerprint = canonical_sha(&identity);
+    let tensors_json: serde_json::Map<String, Value> = planned
+        .iter()
+        .map(|p| (p.target.clone(), json!({"shape": p.shape, "dtype": format!("{:?}", p.dtype)})))
+        .collect();
+    let root_name = meta.root.to_string_lossy().to_string();
+    let base = json!({
+        "kind": KIND,
+        "version": 1,
+        "status": "ready",
+        "source": {"model_name_or_path": root_name, "fingerprint": fingerprint, "identity": identity},
+        "expert_weight_format": "mxfp4",
+        "tensors": Value::Object(tensors_json),
+        "index_sha256": index_sha256,
+    });
+    let make_manifest = {
+        let base = base.clone();
+        let files: Vec<(String, u64)> = files.iter().map(|(n, f)| (n.clone(), f.size())).collect();
+        move |hashes: &[String]| -> Vec<u8> {
+            let mut payload = base.clone();
+            payload["files"] = Value::Array(
+                files.iter().zip(hashes).map(|((n, size), h)| json!({"name": n, "size": size, "sha256": h})).collect(),
+            );
+            let fp = canonical_sha(&payload);
+            payload["fingerprint"] = Value::String(fp);
+            pyjson::dumps(&payload, &Style::CANONICAL).into_bytes()
+        }
+    };
+    let placeholder = vec!["0".repeat(64); files.len()];
+    let len = make_manifest(&placeholder).len() as u64;
+    // Digests of the shards are remembered under a key that covers the source identity and
+    // every output header (so any change to either recomputes them).
+    let mut key_h = Sha256::new();
+    key_h.update(format!("{VIEW}-v1:{fingerprint}:").as_bytes());
+    for (_, f) in &files {
+        if let Some((_, Extent::Bytes(h))) = f.extents().next() {
+            key_h.update(h);
+        }
+    }
+    let store_key = digest::hex(&key_h.finalize());
+    let store = store.clone();
+    let build_manifest = move || -> Result<Vec<u8>, ViewError> {
+        let hashes = match store.load_view(&store_key) {
+            Some(h) if h.len() == files.len() => h,
+            _ => {
+                tracing::info!("hashing the BF16 cache shards once for the manifest");
+                let mut hashes = Vec::new();
+                for (_, f) in &files {
+                    hashes.push(super::expert_pack::hash_file(f)?);
+                }
+                if let Err(e) = store.save_view(&store_key, &hashes) {
+                    tracing::warn!("could not store BF16 cache digests: {e}");
+                }
+                hashes
+            }
+        };
+        Ok(make_manifest(&hashes))
+    };
+    let mut mf = VirtualFile::new();
+    mf.push(Extent::Computed { source: Arc::new(ManifestChunk { len, build: Box::new(build_manifest), done: OnceLock::new() }), id: 0, len });
+    tree.add_file(ROOT_INO, MANIFEST_NAME, mf);
+    Ok(tree)
+}
