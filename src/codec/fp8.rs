@@ -67,17 +67,28 @@ impl Fp8Blocks {
         for (r, (wrow, orow)) in weight.chunks_exact(self.cols).zip(out.chunks_exact_mut(self.cols)).enumerate() {
             let row = first_row + r;
             let srow = &scales[row / self.block_rows * sc..][..sc];
-            for (col, (&w, o)) in wrow.iter().zip(orow.iter_mut()).enumerate() {
-                let m = e8m0_to_f32(srow[col / self.block_cols]).unwrap();
-                let v = table[w as usize] * m;
-                if !v.is_finite() {
-                    return Err(CodecError::NonFiniteWeight { row, col });
+            for (bc, (wseg, oseg)) in wrow.chunks(self.block_cols).zip(orow.chunks_mut(self.block_cols)).enumerate() {
+                let m = e8m0_to_f32(srow[bc]).unwrap();
+                let mut bad = false;
+                for (&w, o) in wseg.iter().zip(oseg.iter_mut()) {
+                    let v = table[w as usize] * m;
+                    let b = f32_to_bf16(v);
+                    bad |= !v.is_finite() || b & 0x7F80 == 0x7F80;
+                    *o = b;
                 }
-                let b = f32_to_bf16(v);
-                if b & 0x7F80 == 0x7F80 {
-                    return Err(CodecError::Bf16Overflow { row, col });
+                if bad {
+                    // Find the first offender and say what it is, in the seed's order.
+                    for (j, &w) in wseg.iter().enumerate() {
+                        let v = table[w as usize] * m;
+                        let col = bc * self.block_cols + j;
+                        if !v.is_finite() {
+                            return Err(CodecError::NonFiniteWeight { row, col });
+                        }
+                        if f32_to_bf16(v) & 0x7F80 == 0x7F80 {
+                            return Err(CodecError::Bf16Overflow { row, col });
+                        }
+                    }
                 }
-                *o = b;
             }
         }
         Ok(())
