@@ -242,3 +242,54 @@ pub fn by_shard(source: &Source) -> BTreeMap<usize, Vec<&TensorInfo>> {
     }
     m
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(header: &str, data_len: usize) -> Vec<u8> {
+        let mut h = header.as_bytes().to_vec();
+        h.resize(h.len().next_multiple_of(8), b' ');
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend(h);
+        out.extend(vec![0u8; data_len]);
+        out
+    }
+
+    fn open_bytes(bytes: &[u8]) -> Result<Source, SourceError> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("model.safetensors");
+        std::fs::write(&p, bytes).unwrap();
+        open(dir.path())
+    }
+
+    #[test]
+    fn valid_shard_parses() {
+        let s = open_bytes(&shard(r#"{"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 16)).unwrap();
+        let names: Vec<&str> = s.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"], "offset order");
+        assert_eq!(s.tensors[1].shape, [2, 2]);
+        assert_eq!(s.tensors[1].nbytes, 8);
+    }
+
+    #[test]
+    fn header_rules() {
+        let cases: &[(&[u8], &str)] = &[
+            (&shard(r#"{"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}}"#, 8), "unknown variant"),
+            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12), "tensor \"b\": data offsets"),
+            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}}"#, 20), "tensor \"b\": data offsets"),
+            (&shard(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8), "do not match its shape"),
+            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 9), "does not end exactly at the end of the file"),
+            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 4), "does not end exactly at the end of the file"),
+            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 8), "duplicate key"),
+            (&shard(r#"[1,2,3]"#, 0), "invalid JSON in header"),
+            (&[1, 2, 3], "truncated"),
+            (&u64::MAX.to_le_bytes(), "header too large"),
+        ];
+        for (bytes, expect) in cases {
+            let e = open_bytes(bytes).unwrap_err().to_string();
+            assert!(e.contains(expect), "expected {expect:?} in {e}");
+            assert!(e.contains("model.safetensors"), "names the file: {e}");
+        }
+    }
+}
