@@ -105,6 +105,11 @@ def main() -> int:
 
     names = list(tensors)
     shard_of = {name: i % args.shards for i, name in enumerate(names)}
+    # Routed-expert scales live with their weights (as in the official checkpoints; the
+    # fourth seed reads a scale through its weight's shard). Dense FP8 scales may not.
+    for name in names:
+        if ".experts." in name and name.endswith(".scale") and name[:-6] + ".weight" in shard_of:
+            shard_of[name] = shard_of[name[:-6] + ".weight"]
     n = args.shards
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewErro
     match view {
         "expert-pack" => expert_pack::build(source, &store, &opts.pack),
         "bf16-cache" => crate::view::bf16_cache::build(source, &store, cache),
+        "requant" => crate::view::requant::build(source, &store, cache, &opts.recipe),
         other => Err(ViewError::Option { option: "view", rule: format!("unknown view {other:?}") }),
     }
 }

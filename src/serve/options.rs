@@ -10,7 +10,10 @@ use crate::view::expert_pack::PackOptions;
 
 /// (key, takes a value, help). The single list from which `-o` parsing and the help text come.
 pub const OPTIONS: &[(&str, bool, &str)] = &[
-    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache"),
+    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache, requant"),
+    ("w1", true, "requant: ggml type for gate (w1) experts: IQ2_XXS (default), Q2_K, Q8_0"),
+    ("w2", true, "requant: ggml type for down (w2) experts: Q2_K (default), IQ2_XXS, Q8_0"),
+    ("w3", true, "requant: ggml type for up (w3) experts: IQ2_XXS (default), Q2_K, Q8_0"),
     ("cache_mb", true, "byte budget of the computed-chunk cache in MiB (default 1024)"),
     ("name", true, "file name stem of the pack (default: the source's stem)"),
     ("model_ref", true, "model reference recorded in the manifest (default deepseek-v4-flash)"),
@@ -46,6 +49,7 @@ const IGNORED: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct MountOptions {
     pub view: String,
+    pub recipe: crate::view::requant::Recipe,
     pub cache_mb: usize,
     pub pack: PackOptions,
     pub digest_store: Option<String>,
@@ -65,6 +69,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             view: "auto".into(),
+            recipe: Default::default(),
             cache_mb: 1024,
             pack: PackOptions::default(),
             digest_store: None,
@@ -109,10 +114,18 @@ impl MountOptions {
         let p = &mut self.pack;
         match key {
             "view" => {
-                if !["auto", "expert-pack", "bf16-cache"].contains(&v) {
-                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, bf16-cache"));
+                if !["auto", "expert-pack", "bf16-cache", "requant"].contains(&v) {
+                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, bf16-cache, requant"));
                 }
                 self.view = v.into()
+            }
+            "w1" | "w2" | "w3" => {
+                let q = crate::codec::QuantType::from_name(v).ok_or_else(|| format!("option {key}: {v:?} is not one of IQ2_XXS, Q2_K, Q8_0"))?;
+                match key {
+                    "w1" => self.recipe.w1 = q,
+                    "w2" => self.recipe.w2 = q,
+                    _ => self.recipe.w3 = q,
+                }
             }
             "cache_mb" => {
                 self.cache_mb = num(key, v)?;

@@ -74,6 +74,10 @@ impl Tree {
         self.add(parent, name, NodeKind::File(Arc::new(file)))
     }
 
+    pub fn add_file_arc(&mut self, parent: Ino, name: &str, file: Arc<VirtualFile>) -> Ino {
+        self.add(parent, name, NodeKind::File(file))
+    }
+
     /// Every file with its path relative to the root, depth first in name order.
     pub fn files(&self) -> Vec<(String, Arc<VirtualFile>)> {
         let mut out = Vec::new();

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Run the fourth seed (`shared/seeds/v41_quant_experts.py.txt`) itself: plan + convert.
+
+    python3 tools/run_seed_requant.py --seeds ../shared/seeds --source SRC --out OUT \
+        --ggml-lib $XPACKFS_GGML_LIB [--jobs 2] [--w1 IQ2_XXS --w2 Q2_K --w3 IQ2_XXS]
+Prints the convert wall time in seconds on the last line.
+"""
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=Path, required=True)
+    ap.add_argument("--source", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--ggml-lib", required=True)
+    ap.add_argument("--jobs", default="2")
+    ap.add_argument("--w1", default="IQ2_XXS")
+    ap.add_argument("--w2", default="Q2_K")
+    ap.add_argument("--w3", default="IQ2_XXS")
+    a = ap.parse_args()
+    text = (a.seeds / "v41_quant_experts.py.txt").read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory() as tmp:
+        seed = Path(tmp) / "v41_quant_experts.py"
+        seed.write_text(text[text.index("#!/usr/bin/env python3"):], encoding="utf-8")
+        subprocess.run([sys.executable, str(seed), "plan", "--source", str(a.source), "--out", str(a.out),
+                        "--w1", a.w1, "--w2", a.w2, "--w3", a.w3], check=True, stdout=subprocess.DEVNULL)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(seed), "convert", "--source", str(a.source), "--out", str(a.out),
+                        "--jobs", a.jobs, "--ggml-lib", a.ggml_lib], check=True, stdout=subprocess.DEVNULL)
+        print(f"{time.perf_counter() - t0:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
