@@ -21,7 +21,8 @@ import numpy as np
 import safetensors
 
 CASES = ["orphan_scale", "missing_scale", "nan_scale", "unsupported_dtype", "nonfinite_weight", "nonfinite_bf16",
-         "truncated_shard", "index_missing_tensor", "shard_escape", "expert_shape", "bad_quant_config"]
+         "truncated_shard", "index_missing_tensor", "shard_escape", "expert_shape", "bad_quant_config",
+         "expert_scale_missing", "expert_e8m0_nan", "expert_packed_shape"]
 
 
 def main() -> int:
@@ -100,6 +101,12 @@ def main() -> int:
         tensors["layers.0.ffn.shared_experts.w2.weight"][1][5, 7] = 0x7F
     elif c == "nonfinite_bf16":
         tensors["norm.weight"][1][3] = 0x7F80  # +inf
+    elif c == "expert_scale_missing":
+        del tensors["layers.0.ffn.experts.1.w2.scale"]
+    elif c == "expert_e8m0_nan":
+        tensors["layers.1.ffn.experts.0.w1.scale"][1][3, 2] = 255
+    elif c == "expert_packed_shape":
+        tensors["layers.0.ffn.experts.3.w3.weight"] = ("int8", np.zeros((I, H // 2 + 128), np.int8))
     elif c == "expert_shape":
         tensors["layers.1.ffn.experts.2.w3.scale"] = ("float8_e8m0fnu", np.full((I, H // 32 + 1), 127, np.uint8))
 

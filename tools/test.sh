@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The test command: install what the tests need, then
-#  1. every Rust test (unit tests, golden vectors, integration tests that mount for real;
-#     as root with /dev/fuse),
-#  2. the codec reference checks: build the reference ggml (tools/build_ggml_ref.sh), check
-#     that the committed golden vectors are exactly what it produces, and run the randomized
-#     differential test (100,000 rows per quantiser) against it.
+# The test command: install what the tests need, build the reference ggml
+# (tools/build_ggml_ref.sh; the requantisation tests run the fourth seed with it), then
+#  1. every Rust test (unit tests, golden vectors, integration tests that mount for real
+#     and compare with the seeds and Python peers; as root with /dev/fuse),
+#  2. the codec reference checks: the committed golden vectors must be exactly what the
+#     reference produces, and the randomized differential test (100,000 rows per
+#     quantiser) must find no mismatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh
+XPACKFS_GGML_LIB="${XPACKFS_GGML_LIB:-$(bash tools/build_ggml_ref.sh)}"
+export XPACKFS_GGML_LIB
+echo "reference ggml: $XPACKFS_GGML_LIB"
 cargo test --locked --all-targets
 
 echo "== codec reference checks"
-XPACKFS_GGML_LIB="${XPACKFS_GGML_LIB:-$(bash tools/build_ggml_ref.sh)}"
-export XPACKFS_GGML_LIB
 cargo build --locked --release --quiet
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -1,0 +1,111 @@
+//! The requantised-shards view against the fourth seed itself (run with the reference
+//! ggml library: $XPACKFS_GGML_LIB, see tools/build_ggml_ref.sh), file for file.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+fn ggml_lib() -> String {
+    std::env::var("XPACKFS_GGML_LIB").unwrap_or_else(|_| {
+        panic!("XPACKFS_GGML_LIB is not set: build the reference with `bash tools/build_ggml_ref.sh` and export its output (tools/test.sh does)")
+    })
+}
+
+fn fixture(dir: &Path, args: &[&str]) {
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(args));
+}
+
+fn seed_convert(src: &Path, out: &Path, recipe: &[&str]) {
+    run_ok(
+        python()
+            .arg(repo().join("tools/run_seed_requant.py"))
+            .arg("--seeds")
+            .arg(shared().join("seeds"))
+            .arg("--source")
+            .arg(src)
+            .arg("--out")
+            .arg(out)
+            .arg("--ggml-lib")
+            .arg(ggml_lib())
+            .args(recipe),
+    );
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    v.sort();
+    v
+}
+
+fn assert_same_tree(seed: &Path, mount: &Path) {
+    assert_eq!(listing(seed), listing(mount), "file lists differ");
+    for name in listing(seed) {
+        let a = std::fs::read(seed.join(&name)).unwrap();
+        let b = std::fs::read(mount.join(&name)).unwrap();
+        assert!(a == b, "{name}: the mounted view differs from the seed's output ({} vs {} bytes)", b.len(), a.len());
+    }
+}
+
+#[test]
+fn view_is_byte_identical_to_the_seed_for_two_recipes() {
+    let src = tempfile::tempdir().unwrap();
+    fixture(src.path(), &[]);
+    let src_path = std::fs::canonicalize(src.path()).unwrap();
+    for (seed_args, opts) in [
+        (vec![], vec!["view=requant", "cache_mb=1"]),
+        (vec!["--w1", "Q2_K", "--w2", "IQ2_XXS", "--w3", "Q2_K"], vec!["view=requant", "w1=Q2_K", "w2=IQ2_XXS", "w3=Q2_K"]),
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        seed_convert(&src_path, out.path(), &seed_args);
+        let m = Mount::new(&src_path, &opts);
+        assert_same_tree(out.path(), &m.mountpoint);
+        m.unmount();
+    }
+}
+
+#[test]
+fn seed_verify_accepts_the_mounted_view() {
+    let src = tempfile::tempdir().unwrap();
+    fixture(src.path(), &[]);
+    let m = Mount::new(src.path(), &["view=requant"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(shared().join("seeds/v41_quant_experts.py.txt")).unwrap();
+    let seed: PathBuf = tmp.path().join("seed.py");
+    std::fs::write(&seed, &text[text.find("#!/usr/bin/env python3").unwrap()..]).unwrap();
+    let out = run_ok(python().arg(&seed).arg("verify").arg("--out").arg(&m.mountpoint).args(["--sample", "0"]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verify: OK"));
+    m.unmount();
+}
+
+#[test]
+fn bad_expert_inputs() {
+    for (case, expect) in [
+        ("expert_scale_missing", "layers.0.ffn.experts.1.w2.weight: no matching MXFP4 scale tensor"),
+        ("expert_packed_shape", "layers.0.ffn.experts.3.w3.weight: packing mismatch"),
+    ] {
+        let src = tempfile::tempdir().unwrap();
+        fixture(src.path(), &["--corrupt", case]);
+        let err = Mount::try_new(src.path(), &["view=requant"]).err().unwrap_or_else(|| panic!("{case}: mounted"));
+        let msg = String::from_utf8_lossy(&err.stderr);
+        assert!(msg.contains(expect), "{case}: {msg}");
+    }
+    // Row length not a multiple of 256 (inter 128 makes w2 rows 128 long).
+    let src = tempfile::tempdir().unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "128"]));
+    let err = Mount::try_new(src.path(), &["view=requant"]).err().expect("mounted");
+    assert!(String::from_utf8_lossy(&err.stderr).contains("128 is not a multiple of 256"));
+    // E8M0 255 is only seen on read: EIO for that shard, with a log line naming the tensor.
+    let src = tempfile::tempdir().unwrap();
+    fixture(src.path(), &["--corrupt", "expert_e8m0_nan"]);
+    let log = src.path().join("log");
+    let m = Mount::new(src.path(), &["view=requant", &format!("log_file={}", log.display())]);
+    let results: Vec<bool> = (1..=3).map(|i| std::fs::read(m.path(&format!("quant-{i:05}-of-00003.safetensors"))).is_ok()).collect();
+    assert_eq!(results.iter().filter(|ok| !**ok).count(), 1, "{results:?}");
+    m.unmount();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("layers.1.ffn.experts.0.w1.weight") && log.contains("E8M0 NaN"), "{log}");
+    let _ = Command::new("true").status();
+}
