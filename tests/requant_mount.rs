@@ -109,3 +109,35 @@ fn bad_expert_inputs() {
     assert!(log.contains("layers.1.ffn.experts.0.w1.weight") && log.contains("E8M0 NaN"), "{log}");
     let _ = Command::new("true").status();
 }
+
+#[test]
+fn imatrix_in_both_formats_lowers_the_weighted_error() {
+    let src = tempfile::tempdir().unwrap();
+    fixture(src.path(), &[]);
+    let files = tempfile::tempdir().unwrap();
+    let (gguf_imat, dat_imat) = (files.path().join("imatrix.gguf"), files.path().join("imatrix.dat"));
+    run_ok(python().arg(repo().join("tools/imatrix_tool.py")).arg("make").arg(src.path()).arg(&gguf_imat).arg("--legacy").arg(&dat_imat));
+    let unit = Mount::new(src.path(), &["view=requant"]);
+    for imat in [&gguf_imat, &dat_imat] {
+        let m = Mount::new(src.path(), &["view=requant", &format!("imatrix={}", imat.display())]);
+        let out = run_ok(
+            python().arg(repo().join("tools/imatrix_tool.py")).arg("gain").arg(src.path()).arg(&unit.mountpoint).arg(&m.mountpoint).arg(&gguf_imat),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["imatrix_over_unit"].as_f64().unwrap() < 0.9, "{v}");
+        // The manifests say which importance was used, per tensor.
+        let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path("quant-00001-of-00003.safetensors.manifest.json")).unwrap()).unwrap();
+        assert!(manifest["importance"].as_str().unwrap().contains(&*imat.to_string_lossy()));
+        assert!(manifest["tensors"].as_array().unwrap().iter().any(|t| t["importance_row"].as_str().is_some_and(|r| r.starts_with("blk."))));
+        m.unmount();
+    }
+    unit.unmount();
+    // An imatrix without rows for these experts refuses to mount, naming the tensor.
+    let other = tempfile::tempdir().unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(other.path()).args(["--variant", "v41", "--inter", "256", "--layers", "1"]));
+    let small = files.path().join("small.gguf");
+    run_ok(python().arg(repo().join("tools/imatrix_tool.py")).arg("make").arg(other.path()).arg(&small));
+    let err = Mount::try_new(src.path(), &["view=requant", &format!("imatrix={}", small.display())]).err().expect("mounted");
+    let msg = String::from_utf8_lossy(&err.stderr);
+    assert!(msg.contains("no importance entry blk.1.ffn_") && msg.contains("layers.1.ffn.experts."), "{msg}");
+}

@@ -11,6 +11,7 @@ use crate::view::expert_pack::PackOptions;
 /// (key, takes a value, help). The single list from which `-o` parsing and the help text come.
 pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache, requant"),
+    ("imatrix", true, "requant: llama.cpp importance matrix (GGUF or legacy imatrix.dat) instead of unit importance"),
     ("w1", true, "requant: ggml type for gate (w1) experts: IQ2_XXS (default), Q2_K, Q8_0"),
     ("w2", true, "requant: ggml type for down (w2) experts: Q2_K (default), IQ2_XXS, Q8_0"),
     ("w3", true, "requant: ggml type for up (w3) experts: IQ2_XXS (default), Q2_K, Q8_0"),
@@ -119,6 +120,7 @@ impl MountOptions {
                 }
                 self.view = v.into()
             }
+            "imatrix" => self.recipe.imatrix = Some(v.into()),
             "w1" | "w2" | "w3" => {
                 let q = crate::codec::QuantType::from_name(v).ok_or_else(|| format!("option {key}: {v:?} is not one of IQ2_XXS, Q2_K, Q8_0"))?;
                 match key {

@@ -15,6 +15,7 @@
 //! first read (through this view) and remembered in the digest store.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Map, Value};
@@ -39,11 +40,13 @@ pub struct Recipe {
     pub w1: QuantType,
     pub w2: QuantType,
     pub w3: QuantType,
+    /// A llama.cpp importance matrix; `None` is the seed's unit importance.
+    pub imatrix: Option<PathBuf>,
 }
 
 impl Default for Recipe {
     fn default() -> Self {
-        Recipe { w1: QuantType::Iq2Xxs, w2: QuantType::Q2K, w3: QuantType::Iq2Xxs }
+        Recipe { w1: QuantType::Iq2Xxs, w2: QuantType::Q2K, w3: QuantType::Iq2Xxs, imatrix: None }
     }
 }
 
@@ -106,6 +109,8 @@ struct QuantInner {
     out_row_bytes: usize,
     cache: Arc<ChunkCache>,
     id: u64,
+    /// Importance row for this tensor (the seed's unit vector when no imatrix is given).
+    importance: Arc<Vec<f32>>,
 }
 
 impl QuantInner {
@@ -130,9 +135,8 @@ impl QuantInner {
             )),
             other => content(other.to_string()),
         })?;
-        let unit = vec![1.0f32; self.k];
         let mut out = vec![0u8; rows * self.out_row_bytes];
-        codec::quantize_rows_par(self.qtype, &x, self.k, Some(&unit), &mut out).map_err(|e| content(e.to_string()))?;
+        codec::quantize_rows_par(self.qtype, &x, self.k, Some(&self.importance), &mut out).map_err(|e| content(e.to_string()))?;
         Ok(out)
     }
 
@@ -283,7 +287,29 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
     let mut tree = Tree::new();
     let mut plan_shards = Vec::new();
     let recipe_json = json!({"w1": recipe.w1.ggml().name, "w2": recipe.w2.ggml().name, "w3": recipe.w3.ggml().name});
-    let importance = "unit (no imatrix; no activation calibration)";
+    let imatrix = match &recipe.imatrix {
+        Some(p) => Some(super::imatrix::Imatrix::open(p)?),
+        None => None,
+    };
+    let importance_text = match &imatrix {
+        None => "unit (no imatrix; no activation calibration)".to_string(),
+        Some(m) => m.describe(),
+    };
+    let importance = importance_text.as_str();
+    // Every quantised tensor needs its importance row: check them all at mount.
+    let mut rows: std::collections::HashMap<usize, (Arc<Vec<f32>>, Option<String>)> = std::collections::HashMap::new();
+    for p in planned.iter().filter(|p| p.role == "quantised") {
+        let t = &source.tensors[p.tensor];
+        let k = (t.shape[1] * 2) as usize;
+        let row = match &imatrix {
+            None => (Arc::new(vec![1.0f32; k]), None),
+            Some(m) => {
+                let (entry, r) = m.locate(&t.name, k).map_err(|rule| err(format!("imatrix {}: {rule}", m.path.display())))?;
+                (Arc::new(m.row(&t.name, k)?), Some(format!("{entry}[{r}]")))
+            }
+        };
+        rows.insert(p.tensor, row);
+    }
     let t_json = |p: &Planned, out_shard: &str| -> Value {
         let t = &source.tensors[p.tensor];
         let data_start = 8 + meta.shards[t.file].header_len;
@@ -321,6 +347,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
         f.push(Extent::Bytes(header.into()));
         // (name, source file, source offset, source bytes, output extent start, output bytes) for the manifest.
         let mut manifest_rows = Vec::new();
+        let mut importance_rows: std::collections::HashMap<String, String> = std::collections::HashMap::new();
         for &m in &members {
             let p = &planned[m];
             let t = &source.tensors[p.tensor];
@@ -343,6 +370,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
                     out_row_bytes,
                     id: cache.producer_id(),
                     cache: cache.clone(),
+                    importance: rows[&p.tensor].0.clone(),
                 });
                 let src = Arc::new(QuantChunks(inner.clone()));
                 for c in 0..inner.chunks() {
@@ -353,6 +381,9 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
                 f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes });
             }
             manifest_rows.push((t.name.clone(), source.files[t.file].clone(), t.offset, t.nbytes, start, p.out_bytes));
+            if let Some((_, Some(src_row))) = rows.get(&p.tensor) {
+                importance_rows.insert(t.name.clone(), src_row.clone());
+            }
         }
         let f = Arc::new(f);
         tree.add_file_arc(ROOT_INO, &out_name, f.clone());
@@ -360,12 +391,20 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
         // Per-shard manifest, lazily hashed.
         let make = {
             let (out_name, shard, recipe_json) = (out_name.clone(), shard.clone(), recipe_json.clone());
+            let importance = importance.to_string();
             let names: Vec<(String, u64, u64)> = manifest_rows.iter().map(|r| (r.0.clone(), r.3, r.5)).collect();
+            let importance_rows = importance_rows.clone();
             move |hashes: &[(String, String)]| -> Vec<u8> {
                 let tensors: Vec<Value> = names
                     .iter()
                     .zip(hashes)
-                    .map(|((n, sb, ob), (sh, oh))| json!({"name": n, "source_bytes": sb, "source_sha256": sh, "output_bytes": ob, "output_sha256": oh}))
+                    .map(|((n, sb, ob), (sh, oh))| {
+                        let mut v = json!({"name": n, "source_bytes": sb, "source_sha256": sh, "output_bytes": ob, "output_sha256": oh});
+                        if let Some(r) = importance_rows.get(n) {
+                            v["importance_row"] = Value::String(r.clone()); // only with an imatrix (beyond the seed)
+                        }
+                        v
+                    })
                     .collect();
                 indent1(&json!({
                     "output_shard": out_name, "source_shard": shard, "source_revision": SOURCE_REVISION,
@@ -379,7 +418,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
         let key = {
             let mut h = sha2::Sha256::new();
             use sha2::Digest;
-            h.update(format!("{VIEW}-v1:{out_name}:{recipe_json}:").as_bytes());
+            h.update(format!("{VIEW}-v1:{out_name}:{recipe_json}:{importance}:").as_bytes());
             for (n, file, off, nb, _, ob) in &manifest_rows {
                 let id = file.identity();
                 h.update(format!("{n}:{}:{}:{}:{}:{off}:{nb}:{ob};", id.device, id.inode, id.size, id.mtime_ns).as_bytes());
