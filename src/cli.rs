@@ -8,7 +8,20 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 
 use crate::serve::{self, daemon, options};
 
-const SUBCOMMANDS: &[&str] = &["mount", "inspect", "digest", "codec", "help"];
+const SUBCOMMANDS: &[&str] = &["mount", "materialize", "inspect", "digest", "codec", "help"];
+
+/// `-o` and one flag per option: the same options for `mount` and `materialize`.
+fn with_option_args(mut cmd: Command) -> Command {
+    cmd = cmd
+        .arg(Arg::new("o").short('o').action(ArgAction::Append).value_name("OPTS").help("comma-separated options, key[=value] (see below)"))
+        .after_help(options::help_text());
+    for &(key, takes_value, help) in options::OPTIONS {
+        let long: &'static str = Box::leak(key.replace('_', "-").into_boxed_str());
+        let arg = Arg::new(key).long(long).help(help);
+        cmd = cmd.arg(if takes_value { arg.value_name("VALUE").action(ArgAction::Set) } else { arg.action(ArgAction::SetTrue) });
+    }
+    cmd
+}
 
 fn command() -> Command {
     let mut mount = Command::new("mount")
@@ -21,19 +34,32 @@ fn command() -> Command {
         )
         .arg(Arg::new("source").required(true).value_parser(clap::value_parser!(PathBuf)).help("GGUF source file"))
         .arg(Arg::new("mountpoint").required(true).help("directory to mount on, or /dev/fd/N"))
-        .arg(Arg::new("o").short('o').action(ArgAction::Append).value_name("OPTS").help("comma-separated options, key[=value] (see below)"))
-        .arg(Arg::new("foreground_flag").short('f').action(ArgAction::SetTrue).help("stay in the foreground"))
-        .after_help(options::help_text());
-    for &(key, takes_value, help) in options::OPTIONS {
-        let long: &'static str = Box::leak(key.replace('_', "-").into_boxed_str());
-        let arg = Arg::new(key).long(long).help(help);
-        mount = mount.arg(if takes_value { arg.value_name("VALUE").action(ArgAction::Set) } else { arg.action(ArgAction::SetTrue) });
-    }
+        .arg(Arg::new("foreground_flag").short('f').action(ArgAction::SetTrue).help("stay in the foreground"));
+    mount = with_option_args(mount);
+    let materialize = with_option_args(
+        Command::new("materialize")
+            .about("Write a view's files to disk, durably, through the same read path as a mount")
+            .long_about(
+                "Write every file of a view (the one `mount` would serve with the same options) into OUT.\n\
+                 Files are written under temporary names, fsynced and renamed into place; completed files are\n\
+                 never overwritten without --replace; --resume continues after an interruption (kill -9 included)\n\
+                 and gives the same bytes as an uninterrupted run. Exit status: 0 done, 1 failed, 2 usage.",
+            )
+            .arg(Arg::new("source").required(true).value_parser(clap::value_parser!(PathBuf)).help("GGUF file or safetensors checkpoint directory"))
+            .arg(Arg::new("out").long("out").required(true).value_parser(clap::value_parser!(PathBuf)).help("output directory"))
+            .arg(Arg::new("replace").long("replace").action(ArgAction::SetTrue).help("overwrite existing output"))
+            .arg(Arg::new("resume").long("resume").action(ArgAction::SetTrue).help("continue an interrupted run"))
+            .arg(Arg::new("verify").long("verify").action(ArgAction::SetTrue).help("re-read what was written and check every digest, and the manifests' digests"))
+            .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("print a JSON summary at the end"))
+            .arg(Arg::new("margin-gib").long("margin-gib").default_value("1").value_parser(clap::value_parser!(f64)).help("free space to keep beyond the output, GiB"))
+            .arg(Arg::new("chunk-kib").long("chunk-kib").default_value("8192").value_parser(clap::value_parser!(usize)).help("write size, KiB")),
+    );
     Command::new("xpackfs")
         .version(env!("CARGO_PKG_VERSION"))
         .about("A read-only FUSE filesystem serving converted forms of MoE checkpoints (SGLang expert packs, ...)")
         .subcommand_required(true)
         .subcommand(mount)
+        .subcommand(materialize)
         .subcommand(
             Command::new("inspect")
                 .about("Print a JSON summary of an expert pack: header, role counts, payload bytes, first entries")
@@ -99,7 +125,7 @@ fn mount_options(m: &ArgMatches) -> Result<options::MountOptions, String> {
             opts.set(key, None)?;
         }
     }
-    if m.get_flag("foreground_flag") {
+    if m.try_get_one::<bool>("foreground_flag").ok().flatten() == Some(&true) {
         opts.foreground = true;
     }
     Ok(opts)
@@ -165,6 +191,7 @@ pub fn main() -> i32 {
     };
     match matches.subcommand() {
         Some(("mount", m)) => run_mount(m),
+        Some(("materialize", m)) => run_materialize(m),
         Some(("inspect", m)) => {
             let pack = m.get_one::<PathBuf>("pack").unwrap();
             match crate::view::expert_pack::inspect(pack, *m.get_one::<usize>("limit").unwrap()) {
@@ -265,4 +292,53 @@ fn run_codec(m: &ArgMatches) -> Result<(), String> {
         _ => unreachable!(),
     };
     std::io::stdout().write_all(&out).map_err(|e| format!("stdout: {e}"))
+}
+
+fn run_materialize(m: &ArgMatches) -> i32 {
+    init_logging(false);
+    let mut opts = match mount_options(m) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("xpackfs: {e}");
+            return 2;
+        }
+    };
+    let source_path = m.get_one::<PathBuf>("source").unwrap();
+    let out = m.get_one::<PathBuf>("out").unwrap();
+    if let Err(e) = std::fs::create_dir_all(out) {
+        eprintln!("xpackfs: {}: {e}", out.display());
+        return 1;
+    }
+    let out = std::fs::canonicalize(out).unwrap_or_else(|_| out.clone());
+    opts.pack.pack_dir = out.clone();
+    opts.pack.command = std::env::args().collect::<Vec<_>>().join(" ");
+    let started = std::time::Instant::now();
+    let result = (|| -> Result<Vec<crate::materialize::FileResult>, String> {
+        let source = crate::source::Source::open(source_path).map_err(|e| e.to_string())?;
+        let tree = serve::build_tree(&source, &opts).map_err(|e| e.to_string())?;
+        let mopts = crate::materialize::Options {
+            replace: m.get_flag("replace"),
+            resume: m.get_flag("resume"),
+            verify: m.get_flag("verify"),
+            margin: (*m.get_one::<f64>("margin-gib").unwrap() * (1u64 << 30) as f64) as u64,
+            chunk: *m.get_one::<usize>("chunk-kib").unwrap() << 10,
+            progress: crate::materialize::stderr_is_terminal() && !m.get_flag("json"),
+        };
+        crate::materialize::materialize(&source, &tree, &out, &mopts).map_err(|e| e.to_string())
+    })();
+    match result {
+        Ok(files) => {
+            let summary = crate::materialize::summary(&files, started.elapsed().as_secs_f64());
+            if m.get_flag("json") {
+                println!("{summary}");
+            } else {
+                eprintln!("materialized {} files into {} ({} bytes written)", files.len(), out.display(), summary["bytes_written"]);
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("xpackfs: {e}");
+            1
+        }
+    }
 }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod codec;
 pub mod digest;
 pub mod fsutil;
+pub mod materialize;
 pub mod pyjson;
 pub mod serve;
 pub mod source;
