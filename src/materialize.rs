@@ -122,26 +122,66 @@ fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&partial).map_err(io(&partial))?
     };
     done.fetch_add(start, Ordering::Relaxed);
+    // Three stages overlap: this thread reads the view, one thread writes (and makes the
+    // writes durable, updating the checkpoint), one hashes, in order.
     let chunk = opts.chunk.max(4096);
-    let mut buf = vec![0u8; chunk];
+    let sync_each = std::env::var_os("XPACKFS_TEST_SYNC_EVERY_CHUNK").is_some();
+    let (wtx, wrx) = std::sync::mpsc::sync_channel::<(u64, Arc<Vec<u8>>)>(4);
+    let (htx, hrx) = std::sync::mpsc::sync_channel::<Arc<Vec<u8>>>(4);
+    let hasher_thread = std::thread::spawn(move || {
+        for b in hrx {
+            hasher.update(&b[..]);
+        }
+        hasher
+    });
+    let writer = {
+        let (f, partial, ckpt) = (f.try_clone().map_err(io(&partial))?, partial.clone(), ckpt.clone());
+        std::thread::spawn(move || -> Result<(), MaterializeError> {
+            let mut since_sync = 0u64;
+            for (off, b) in wrx {
+                f.write_all_at(&b, off).map_err(io(&partial))?;
+                since_sync += b.len() as u64;
+                if since_sync >= SYNC_EVERY || sync_each {
+                    f.sync_data().map_err(io(&partial))?;
+                    write_atomic(&ckpt, json!({"durable_bytes": off + b.len() as u64, "size": size}).to_string().as_bytes()).map_err(io(&ckpt))?;
+                    since_sync = 0;
+                }
+            }
+            Ok(())
+        })
+    };
     let mut off = start;
-    let mut since_sync = 0u64;
+    let mut read_err = None;
     while off < size {
         let want = ((size - off) as usize).min(chunk);
-        let n = file.read_at(off, &mut buf[..want]).map_err(|e| MaterializeError::View { name: name.into(), source: e })?;
-        if n == 0 {
-            return Err(MaterializeError::Refused(format!("{name}: view ended at {off} of {size} bytes")));
+        let mut buf = vec![0u8; want];
+        match file.read_at(off, &mut buf) {
+            Ok(0) => {
+                read_err = Some(MaterializeError::Refused(format!("{name}: view ended at {off} of {size} bytes")));
+                break;
+            }
+            Ok(n) => {
+                buf.truncate(n);
+                let b = Arc::new(buf);
+                if wtx.send((off, b.clone())).is_err() || htx.send(b).is_err() {
+                    break; // the writer failed: its error is reported below
+                }
+                off += n as u64;
+                done.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                read_err = Some(MaterializeError::View { name: name.into(), source: e });
+                break;
+            }
         }
-        f.write_all_at(&buf[..n], off).map_err(io(&partial))?;
-        hasher.update(&buf[..n]);
-        off += n as u64;
-        since_sync += n as u64;
-        done.fetch_add(n as u64, Ordering::Relaxed);
-        if since_sync >= SYNC_EVERY || std::env::var_os("XPACKFS_TEST_SYNC_EVERY_CHUNK").is_some() {
-            f.sync_data().map_err(io(&partial))?;
-            write_atomic(&ckpt, json!({"durable_bytes": off, "size": size}).to_string().as_bytes()).map_err(io(&ckpt))?;
-            since_sync = 0;
-        }
+    }
+    drop(wtx);
+    drop(htx);
+    let write_result = writer.join().map_err(|_| MaterializeError::Refused(format!("{name}: writer thread panicked")))?;
+    let hasher = hasher_thread.join().map_err(|_| MaterializeError::Refused(format!("{name}: hasher thread panicked")))?;
+    write_result?;
+    if let Some(e) = read_err {
+        return Err(e);
     }
     f.sync_all().map_err(io(&partial))?;
     drop(f);
