@@ -92,6 +92,12 @@ impl ChunkCache {
         }
     }
 
+    /// Insert a chunk computed alongside another one (e.g. a scale file with its quant file).
+    pub fn put(&self, key: Key, value: Arc<[u8]>) {
+        self.stats.bytes_computed.fetch_add(value.len() as u64, Ordering::Relaxed);
+        self.insert(key, value);
+    }
+
     /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
     pub fn get_or_compute(&self, key: Key, compute: impl FnOnce() -> Result<Vec<u8>, ViewError>) -> Result<Arc<[u8]>, ViewError> {
         if let Some(v) = self.lookup(&key) {

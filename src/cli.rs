@@ -8,7 +8,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 
 use crate::serve::{self, daemon, options};
 
-const SUBCOMMANDS: &[&str] = &["mount", "materialize", "inspect", "digest", "codec", "help"];
+const SUBCOMMANDS: &[&str] = &["mount", "materialize", "validate-int8", "inspect", "digest", "codec", "help"];
 
 /// `-o` and one flag per option: the same options for `mount` and `materialize`.
 fn with_option_args(mut cmd: Command) -> Command {
@@ -60,6 +60,25 @@ fn command() -> Command {
         .subcommand_required(true)
         .subcommand(mount)
         .subcommand(materialize)
+        .subcommand(
+            Command::new("validate-int8")
+                .about("Validate a kt-kernel persistent INT8 expert tree (the rules of kt-kernel's validate_persistent_int8_weights)")
+                .long_about(
+                    "Validate ROOT as kt-kernel's validate_persistent_int8_weights does: schema 1 and 2, root, symlinks,\n\
+                     manifest naming and metadata, per-layer NUMA directories, file names, sizes, identities, inventories\n\
+                     and byte totals, and with --verify-hashes every file's sha256. Expectations not given as flags are\n\
+                     taken from the manifest. Prints a JSON summary on success.\n\
+                     Exit status: 0 valid, 1 invalid (the reason on stderr), 2 usage error.",
+                )
+                .arg(Arg::new("root").required(true).value_parser(clap::value_parser!(PathBuf)))
+                .arg(Arg::new("layers").long("layers").value_name("L,L,...").help("expected expert layer indices"))
+                .arg(Arg::new("numa").long("numa-count").value_parser(clap::value_parser!(i64)).help("expected threadpool (NUMA) count"))
+                .arg(Arg::new("experts").long("expert-num").value_parser(clap::value_parser!(i64)))
+                .arg(Arg::new("hidden").long("hidden-size").value_parser(clap::value_parser!(i64)))
+                .arg(Arg::new("inter").long("intermediate-size").value_parser(clap::value_parser!(i64)))
+                .arg(Arg::new("verify-hashes").long("verify-hashes").action(ArgAction::SetTrue).help("hash every file"))
+                .arg(Arg::new("no-verify-hashes").long("no-verify-hashes").action(ArgAction::SetTrue).help("never hash (default: hash when the manifest is schema 2)")),
+        )
         .subcommand(
             Command::new("inspect")
                 .about("Print a JSON summary of an expert pack: header, role counts, payload bytes, first entries")
@@ -192,6 +211,38 @@ pub fn main() -> i32 {
     match matches.subcommand() {
         Some(("mount", m)) => run_mount(m),
         Some(("materialize", m)) => run_materialize(m),
+        Some(("validate-int8", m)) => {
+            let layers = match m.get_one::<String>("layers") {
+                Some(l) => match l.split(',').map(|x| x.trim().parse::<i64>()).collect::<Result<Vec<_>, _>>() {
+                    Ok(v) => Some(v),
+                    Err(_) => {
+                        eprintln!("xpackfs: --layers takes comma-separated integers");
+                        return 2;
+                    }
+                },
+                None => None,
+            };
+            let expect = crate::validate_int8::Expect {
+                layers,
+                numa_count: m.get_one::<i64>("numa").copied(),
+                expert_num: m.get_one::<i64>("experts").copied(),
+                hidden_size: m.get_one::<i64>("hidden").copied(),
+                intermediate_size: m.get_one::<i64>("inter").copied(),
+            };
+            let verify = if m.get_flag("verify-hashes") { Some(true) } else if m.get_flag("no-verify-hashes") { Some(false) } else { None };
+            let root = m.get_one::<PathBuf>("root").unwrap();
+            let root = if root.is_absolute() { root.clone() } else { std::env::current_dir().unwrap_or_default().join(root) };
+            match crate::validate_int8::validate(&root, &expect, verify) {
+                Ok(v) => {
+                    println!("{}", serde_json::to_string(&v).unwrap());
+                    0
+                }
+                Err(e) => {
+                    eprintln!("xpackfs: invalid INT8 tree: {e}");
+                    1
+                }
+            }
+        }
         Some(("inspect", m)) => {
             let pack = m.get_one::<PathBuf>("pack").unwrap();
             match crate::view::expert_pack::inspect(pack, *m.get_one::<usize>("limit").unwrap()) {

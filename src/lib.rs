@@ -15,6 +15,7 @@ pub mod materialize;
 pub mod pyjson;
 pub mod serve;
 pub mod source;
+pub mod validate_int8;
 pub mod view;
 
 /// Git revision of this build ("unknown" outside a checkout).

@@ -77,13 +77,19 @@ fn free_bytes(dir: &Path) -> Result<u64, MaterializeError> {
     Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
+/// Temporary and checkpoint names sit next to the final file (same directory, same filesystem).
 fn partial_paths(out: &Path, name: &str) -> (PathBuf, PathBuf) {
-    (out.join(format!(".{name}.partial")), out.join(format!(".{name}.partial.json")))
+    let p = Path::new(name);
+    let dir = out.join(p.parent().unwrap_or(Path::new("")));
+    let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    (dir.join(format!(".{file}.partial")), dir.join(format!(".{file}.partial.json")))
 }
 
 fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &AtomicU64) -> Result<FileResult, MaterializeError> {
     let final_path = out.join(name);
     let (partial, ckpt) = partial_paths(out, name);
+    let parent = final_path.parent().unwrap_or(out).to_path_buf();
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
     let size = file.size();
     if final_path.exists() {
         if opts.resume && !opts.replace {
@@ -190,7 +196,7 @@ fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &
     }
     std::fs::rename(&partial, &final_path).map_err(io(&final_path))?;
     let _ = std::fs::remove_file(&ckpt);
-    fsync_dir(out).map_err(io(out))?;
+    fsync_dir(&parent).map_err(io(&parent))?;
     Ok(FileResult { name: name.into(), size, sha256: crate::digest::hex(&hasher.finalize()), resumed_from: start, skipped: false })
 }
 
@@ -214,9 +220,6 @@ fn hash_disk(path: &Path) -> Result<String, MaterializeError> {
 pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Result<Vec<FileResult>, MaterializeError> {
     std::fs::create_dir_all(out).map_err(io(out))?;
     let files = tree.files();
-    if files.iter().any(|(p, _)| p.contains('/')) {
-        return Err(MaterializeError::Refused("views with subdirectories are not supported yet".into()));
-    }
     // Source identity across resumes.
     let state_path = out.join(STATE);
     let identity = source_identity(source);
@@ -315,6 +318,10 @@ pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> 
 /// temporary files of atomic writes (`.<name>.tmp.<pid>`).
 fn remove_leftovers(out: &Path) {
     for entry in std::fs::read_dir(out).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_leftovers(&entry.path());
+            continue;
+        }
         let name = entry.file_name().to_string_lossy().into_owned();
         let ours = name.starts_with('.')
             && (name.ends_with(".partial") || name.ends_with(".partial.json") || name.rsplit_once(".tmp.").is_some_and(|(_, pid)| pid.bytes().all(|b| b.is_ascii_digit())));

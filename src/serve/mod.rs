@@ -33,6 +33,7 @@ pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewErro
         "expert-pack" => expert_pack::build(source, &store, &opts.pack),
         "bf16-cache" => crate::view::bf16_cache::build(source, &store, cache),
         "requant" => crate::view::requant::build(source, &store, cache, &opts.recipe),
+        "kt-int8" => crate::view::kt_int8::build(source, &store, cache, opts.numa_count),
         other => Err(ViewError::Option { option: "view", rule: format!("unknown view {other:?}") }),
     }
 }
@@ -87,8 +88,12 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     };
     opts.pack.pack_dir = opts.mountpoint_path.clone().unwrap_or_else(|| mount_path.clone());
 
-    let source = Source::open(source_path).map_err(|e| e.to_string())?;
-    let tree = build_tree(&source, &opts).map_err(|e| e.to_string())?;
+    let tree = if crate::view::int8_tree::is_int8_tree(source_path) {
+        crate::view::int8_tree::build(source_path, opts.verify_hashes).map_err(|e| e.to_string())?
+    } else {
+        let source = Source::open(source_path).map_err(|e| e.to_string())?;
+        build_tree(&source, &opts).map_err(|e| e.to_string())?
+    };
     let owner = ownership_of(source_path).map_err(|e| format!("{}: {e}", source_path.display()))?;
     let fs = Arc::new(Fs::new(tree, owner));
     let adapter = fuse::FuseAdapter { fs: fs.clone(), max_read: opts.max_read };

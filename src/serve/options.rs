@@ -10,11 +10,13 @@ use crate::view::expert_pack::PackOptions;
 
 /// (key, takes a value, help). The single list from which `-o` parsing and the help text come.
 pub const OPTIONS: &[(&str, bool, &str)] = &[
-    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache, requant"),
+    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache, requant, kt-int8"),
     ("imatrix", true, "requant: llama.cpp importance matrix (GGUF or legacy imatrix.dat) instead of unit importance"),
     ("w1", true, "requant: ggml type for gate (w1) experts: IQ2_XXS (default), Q2_K, Q8_0"),
     ("w2", true, "requant: ggml type for down (w2) experts: Q2_K (default), IQ2_XXS, Q8_0"),
     ("w3", true, "requant: ggml type for up (w3) experts: IQ2_XXS (default), Q2_K, Q8_0"),
+    ("numa_count", true, "kt-int8: NUMA parts (kt-kernel threadpool count), default 1"),
+    ("verify_hashes", false, "INT8 tree mounts: hash every file while validating the tree before mounting"),
     ("cache_mb", true, "byte budget of the computed-chunk cache in MiB (default 1024)"),
     ("name", true, "file name stem of the pack (default: the source's stem)"),
     ("model_ref", true, "model reference recorded in the manifest (default deepseek-v4-flash)"),
@@ -52,6 +54,8 @@ pub struct MountOptions {
     pub view: String,
     pub recipe: crate::view::requant::Recipe,
     pub cache_mb: usize,
+    pub numa_count: usize,
+    pub verify_hashes: bool,
     pub pack: PackOptions,
     pub digest_store: Option<String>,
     pub threads: usize,
@@ -72,6 +76,8 @@ impl Default for MountOptions {
             view: "auto".into(),
             recipe: Default::default(),
             cache_mb: 1024,
+            numa_count: 1,
+            verify_hashes: false,
             pack: PackOptions::default(),
             digest_store: None,
             threads: 8,
@@ -115,8 +121,8 @@ impl MountOptions {
         let p = &mut self.pack;
         match key {
             "view" => {
-                if !["auto", "expert-pack", "bf16-cache", "requant"].contains(&v) {
-                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, bf16-cache, requant"));
+                if !["auto", "expert-pack", "bf16-cache", "requant", "kt-int8"].contains(&v) {
+                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, bf16-cache, requant, kt-int8"));
                 }
                 self.view = v.into()
             }
@@ -129,6 +135,13 @@ impl MountOptions {
                     _ => self.recipe.w3 = q,
                 }
             }
+            "numa_count" => {
+                self.numa_count = num(key, v)?;
+                if self.numa_count == 0 {
+                    return Err("option numa_count: must be at least 1".into());
+                }
+            }
+            "verify_hashes" => self.verify_hashes = true,
             "cache_mb" => {
                 self.cache_mb = num(key, v)?;
                 if self.cache_mb == 0 {

@@ -4,6 +4,8 @@
 pub mod bf16_cache;
 pub mod expert_pack;
 pub mod imatrix;
+pub mod int8_tree;
+pub mod kt_int8;
 pub mod requant;
 pub mod tree;
 pub mod vfile;

@@ -1,0 +1,435 @@
+//! `xpackfs validate-int8`: the second seed's `validate_persistent_int8_weights`
+//! (kt-kernel persistent INT8 expert trees), rule for rule and in the same order, with the
+//! same error texts. Works on any directory: a materialized tree, a tree on another
+//! filesystem, or a mounted view.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub const MANIFEST_NAME: &str = "kt-weight-manifest.json";
+pub const LEGACY_MANIFEST_NAME: &str = "kt-ephemeral-manifest.json";
+pub const SCHEMA_VERSION: i64 = 2;
+pub const LAYOUT: &str = crate::codec::kt_int8::LAYOUT;
+
+/// What the caller expects; `None` takes the manifest's own value (the seed requires all).
+#[derive(Debug, Clone, Default)]
+pub struct Expect {
+    pub layers: Option<Vec<i64>>,
+    pub numa_count: Option<i64>,
+    pub expert_num: Option<i64>,
+    pub hidden_size: Option<i64>,
+    pub intermediate_size: Option<i64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Validated {
+    pub root: PathBuf,
+    pub path: PathBuf,
+    pub schema_version: i64,
+    pub layout: String,
+    pub layer_indices: Vec<i64>,
+    pub file_count: u64,
+    pub size_bytes: u64,
+}
+
+type R<T> = Result<T, String>;
+
+/// A JSON integer that is not a bool (Python's `isinstance(v, int) and not bool`).
+fn as_int(v: Option<&Value>) -> Option<i64> {
+    v.and_then(|v| if v.is_i64() || v.is_u64() { v.as_i64() } else { None })
+}
+
+fn positive_int(v: Option<&Value>, name: &str) -> R<i64> {
+    as_int(v).filter(|&x| x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer"))
+}
+
+fn nonnegative_int(v: Option<&Value>, name: &str) -> R<i64> {
+    as_int(v).filter(|&x| x >= 0).ok_or_else(|| format!("INT8 manifest {name} must be a non-negative integer"))
+}
+
+fn py_repr(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "None".into(),
+        Some(Value::String(s)) => format!("'{s}'"),
+        Some(Value::Bool(b)) => if *b { "True".into() } else { "False".into() },
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Python `==` between a JSON value and an expected int or str.
+fn py_eq(v: Option<&Value>, expected: &Value) -> bool {
+    match (v, expected) {
+        (Some(Value::Number(a)), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (Some(Value::Bool(a)), Value::Number(b)) => (*a as i64 as f64) == b.as_f64().unwrap_or(f64::NAN),
+        (Some(a), b) => a == b,
+        (None, _) => false,
+    }
+}
+
+fn is_symlink(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).map(|m| m.file_type().is_symlink()).unwrap_or(false)
+}
+
+fn resolve_root(root: &Path) -> R<PathBuf> {
+    if !root.is_absolute() {
+        return Err("persistent INT8 weight root must be an absolute path".into());
+    }
+    if is_symlink(root) {
+        return Err(format!("persistent INT8 weight root must not be a symlink: {}", root.display()));
+    }
+    let resolved = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    if !resolved.is_dir() {
+        return Err(format!("persistent INT8 weight root must be a directory: {}", resolved.display()));
+    }
+    Ok(resolved)
+}
+
+fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64)> {
+    let candidates: Vec<PathBuf> = [MANIFEST_NAME, LEGACY_MANIFEST_NAME]
+        .iter()
+        .map(|n| root.join(n))
+        .filter(|p| p.exists() || is_symlink(p))
+        .collect();
+    if candidates.len() != 1 {
+        let names: Vec<String> = candidates.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+        return Err(format!(
+            "persistent INT8 weight root requires exactly one manifest ({MANIFEST_NAME} or legacy {LEGACY_MANIFEST_NAME}); found {names}"
+        ));
+    }
+    let path = candidates.into_iter().next().unwrap();
+    if is_symlink(&path) || !path.is_file() {
+        return Err(format!("INT8 manifest must be a regular file: {}", path.display()));
+    }
+    let text = std::fs::read(&path).map_err(|e| format!("cannot read INT8 manifest {}: {e}", path.display()))?;
+    let text = String::from_utf8(text).map_err(|e| format!("cannot read INT8 manifest {}: {e}", path.display()))?;
+    let manifest: Value = serde_json::from_str(&text).map_err(|e| format!("cannot read INT8 manifest {}: {e}", path.display()))?;
+    let Value::Object(manifest) = manifest else { return Err("INT8 manifest root must be a JSON object".into()) };
+    let schema = as_int(manifest.get("schema_version")).filter(|v| *v == 1 || *v == SCHEMA_VERSION);
+    let Some(schema) = schema else {
+        return Err(format!("unsupported INT8 manifest schema_version {}; supported=[1, 2]", py_repr(manifest.get("schema_version"))));
+    };
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    if schema == 1 && name != LEGACY_MANIFEST_NAME {
+        return Err(format!("schema-1 INT8 manifests must use {LEGACY_MANIFEST_NAME}"));
+    }
+    if schema == SCHEMA_VERSION && name != MANIFEST_NAME {
+        return Err(format!("schema-{SCHEMA_VERSION} INT8 manifests must use {MANIFEST_NAME}"));
+    }
+    Ok((path, manifest, schema))
+}
+
+pub fn sha256_file(path: &Path) -> R<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| format!("{}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(crate::digest::hex(&h.finalize()))
+}
+
+/// `INT8_(gate|up|down)_(\d+)_(\d+)Byte_(quant|scale)_.kt` -> (projection, expert, size, kind).
+fn parse_kt_name(name: &str) -> Option<(&str, u64, u64, &str)> {
+    let rest = name.strip_prefix("INT8_")?.strip_suffix("_.kt")?;
+    let (proj, rest) = rest.split_once('_')?;
+    if !["gate", "up", "down"].contains(&proj) {
+        return None;
+    }
+    let (expert, rest) = rest.split_once('_')?;
+    let (size, kind) = rest.split_once("Byte_")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(expert) || !digits(size) || !["quant", "scale"].contains(&kind) {
+        return None;
+    }
+    Some((proj, expert.parse().ok()?, size.parse().ok()?, kind))
+}
+
+fn path_parts(p: &str) -> Vec<String> {
+    Path::new(p)
+        .components()
+        .filter(|c| !matches!(c, Component::CurDir))
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn validate_layer(root: &Path, layer: &Value, schema: i64, numa: i64, experts: i64, hidden: i64, inter: i64, verify: bool) -> R<(u64, u64)> {
+    let Value::Object(layer) = layer else { return Err("INT8 manifest layer entries must be JSON objects".into()) };
+    let idx = nonnegative_int(layer.get("index"), "layer.index")?;
+    if layer.get("state").and_then(Value::as_str) != Some("ready") {
+        return Err(format!("persistent INT8 layer {idx} must be in state 'ready'"));
+    }
+    let numa_count = positive_int(layer.get("numa_count"), &format!("layer[{idx}].numa_count"))?;
+    if numa_count != numa {
+        return Err(format!("persistent INT8 layer {idx} NUMA count mismatch: expected {numa}, got {numa_count}"));
+    }
+    let layer_dir = root.join(format!("_layer_{idx}"));
+    if is_symlink(&layer_dir) || !layer_dir.is_dir() {
+        return Err(format!("missing or unsafe persistent INT8 layer directory: {}", layer_dir.display()));
+    }
+    let expected_numa: BTreeSet<String> = (0..numa).map(|i| format!("_numa_{i}")).collect();
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(&layer_dir).map_err(|e| e.to_string())?.flatten().collect();
+    if entries.iter().any(|e| is_symlink(&e.path()) || !e.path().is_dir()) {
+        return Err(format!("persistent INT8 layer {idx} contains entries outside NUMA directories"));
+    }
+    let actual_numa: BTreeSet<String> = entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    if actual_numa != expected_numa {
+        return Err(format!(
+            "persistent INT8 layer {idx} NUMA directories mismatch: expected {:?}, got {:?}",
+            expected_numa.iter().collect::<Vec<_>>(),
+            actual_numa.iter().collect::<Vec<_>>()
+        )
+        .replace('"', "'"));
+    }
+    let mut actual_sizes: HashMap<String, u64> = HashMap::new();
+    for i in 0..numa {
+        let numa_dir = layer_dir.join(format!("_numa_{i}"));
+        for e in std::fs::read_dir(&numa_dir).map_err(|e| e.to_string())?.flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).map_err(|e| e.to_string())?;
+            if !meta.file_type().is_file() {
+                return Err(format!("unexpected non-regular persistent INT8 entry: {}", e.path().display()));
+            }
+            let rel = format!("_layer_{idx}/_numa_{i}/{}", e.file_name().to_string_lossy());
+            actual_sizes.insert(rel, meta.size());
+        }
+    }
+    let expected_count = numa * experts * 3 * 2;
+    let files = match layer.get("files") {
+        Some(Value::Array(f)) if f.len() as i64 == expected_count => f,
+        _ => return Err(format!("persistent INT8 layer {idx} must list exactly {expected_count} files")),
+    };
+    let mut seen_paths: HashSet<String> = HashSet::new();
+    let mut seen_ids: HashSet<(i64, String, u64, String)> = HashSet::new();
+    let mut actual_size = 0u64;
+    for item in files {
+        let Value::Object(item) = item else { return Err(format!("persistent INT8 layer {idx} has a non-object file entry")) };
+        let rel = match item.get("path") {
+            Some(Value::String(s)) if !seen_paths.contains(s) => s.clone(),
+            _ => return Err(format!("persistent INT8 layer {idx} has an invalid or duplicate path")),
+        };
+        seen_paths.insert(rel.clone());
+        let parts = path_parts(&rel);
+        if Path::new(&rel).is_absolute() || parts.iter().any(|p| p == "..") {
+            return Err(format!("unsafe INT8 manifest path: '{rel}'"));
+        }
+        if parts.len() != 3 {
+            return Err(format!("unexpected INT8 manifest path depth: '{rel}'"));
+        }
+        if parts[0] != format!("_layer_{idx}") {
+            return Err(format!("INT8 manifest path is outside layer {idx}: '{rel}'"));
+        }
+        let numa_idx: i64 = match parts[1].strip_prefix("_numa_").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) {
+            Some(d) => d.parse().map_err(|_| format!("invalid INT8 NUMA path: '{rel}'"))?,
+            None => return Err(format!("invalid INT8 NUMA path: '{rel}'")),
+        };
+        if !(0..numa).contains(&numa_idx) {
+            return Err(format!("out-of-range INT8 NUMA index in '{rel}'"));
+        }
+        let Some((proj, expert, encoded, kind)) = parse_kt_name(&parts[2]) else {
+            return Err(format!("unexpected INT8 .kt filename: {}", parts[2]));
+        };
+        if expert as i64 >= experts {
+            return Err(format!("layer {idx} has out-of-range expert {expert}"));
+        }
+        let id = (numa_idx, proj.to_string(), expert, kind.to_string());
+        if !seen_ids.insert(id.clone()) {
+            return Err(format!("layer {idx} has duplicate INT8 file identity ({numa_idx}, '{proj}', {expert}, '{kind}')"));
+        }
+        let absolute = root.join(&rel);
+        let key = parts.join("/");
+        if !actual_sizes.contains_key(&key) {
+            return Err(format!("missing or unsafe INT8 manifest file: {}", absolute.display()));
+        }
+        if std::fs::File::open(&absolute).is_err() {
+            return Err(format!("INT8 weight file is not readable: {}", absolute.display()));
+        }
+        let declared = positive_int(item.get("size_bytes"), &format!("{rel}.size_bytes"))? as u64;
+        let per_numa = (inter / numa) as u64;
+        let h = hidden as u64;
+        let expected = match (proj, kind) {
+            (_, "quant") => h * per_numa,
+            ("down", "scale") => h * 4,
+            (_, _) => per_numa * 4,
+        };
+        if encoded != expected || declared != expected {
+            return Err(format!(
+                "INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}"
+            ));
+        }
+        let observed = actual_sizes[&key];
+        if observed != declared {
+            return Err(format!("INT8 manifest size mismatch for {}: expected {declared}, got {observed}", absolute.display()));
+        }
+        actual_size += observed;
+        let hash = item.get("sha256");
+        if schema >= 2 {
+            let ok = hash.and_then(Value::as_str).is_some_and(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+            if !ok {
+                return Err(format!("schema-{schema} INT8 file {rel} requires a lowercase SHA256 digest"));
+            }
+        }
+        if verify {
+            let Some(expected_hash) = hash.and_then(Value::as_str) else {
+                return Err(format!("full hash verification is unavailable for legacy schema-1 file {rel}"));
+            };
+            let actual = sha256_file(&absolute)?;
+            if actual != expected_hash {
+                return Err(format!("INT8 SHA256 mismatch for {}: expected {expected_hash}, got {actual}", absolute.display()));
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for n in 0..numa {
+        for proj in ["gate", "up", "down"] {
+            for e in 0..experts as u64 {
+                for kind in ["quant", "scale"] {
+                    if !seen_ids.contains(&(n, proj.to_string(), e, kind.to_string())) {
+                        missing.push(format!("({n}, '{proj}', {e}, '{kind}')"));
+                    }
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        missing.truncate(3);
+        return Err(format!("persistent INT8 layer {idx} file inventory is incomplete; sample=[{}]", missing.join(", ")));
+    }
+    let actual_paths: BTreeSet<&String> = actual_sizes.keys().collect();
+    let seen_norm: HashSet<String> = seen_paths.iter().map(|p| path_parts(p).join("/")).collect();
+    if actual_paths.iter().any(|p| !seen_norm.contains(*p)) || seen_norm.iter().any(|p| !actual_sizes.contains_key(p)) {
+        let extra: Vec<&&String> = actual_paths.iter().filter(|p| !seen_norm.contains(**p)).take(3).collect();
+        return Err(format!("persistent INT8 layer {idx} file set differs from manifest: extra={extra:?}, missing=[]").replace('"', "'"));
+    }
+    let manifest_size = positive_int(layer.get("bytes"), &format!("layer[{idx}].bytes"))? as u64;
+    if actual_size != manifest_size {
+        return Err(format!("persistent INT8 layer {idx} byte total mismatch: expected {manifest_size}, got {actual_size}"));
+    }
+    Ok((files.len() as u64, actual_size))
+}
+
+/// Validate a tree. `verify_hashes: None` is the seed's "strongest the manifest supports".
+pub fn validate(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> R<Validated> {
+    // Expectations the caller did not give come from the manifest (read it once first).
+    let (numa, experts, hidden, inter, layers) = {
+        let peek = || -> Option<serde_json::Map<String, Value>> {
+            let r = std::fs::canonicalize(root).ok()?;
+            let p = [MANIFEST_NAME, LEGACY_MANIFEST_NAME].iter().map(|n| r.join(n)).find(|p| p.is_file())?;
+            serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+        };
+        let m = peek().unwrap_or_default();
+        let get = |k: &str| as_int(m.get(k));
+        let layers = expect.layers.clone().or_else(|| {
+            m.get("layers").and_then(Value::as_array).map(|l| l.iter().filter_map(|x| as_int(x.get("index"))).collect())
+        });
+        (
+            expect.numa_count.or(get("threadpool_count")),
+            expect.expert_num.or(get("expert_num")),
+            expect.hidden_size.or(get("hidden_size")),
+            expect.intermediate_size.or(get("intermediate_size")),
+            layers,
+        )
+    };
+    let need = |v: Option<i64>, name: &str| v.filter(|x| *x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer"));
+    let numa = need(numa, "threadpool_count")?;
+    let experts = need(experts, "expert_num")?;
+    let hidden = need(hidden, "hidden_size")?;
+    let inter = need(inter, "intermediate_size")?;
+    if inter % numa != 0 {
+        return Err(format!("persistent INT8 intermediate_size must be divisible by threadpool_count: {inter} % {numa} != 0"));
+    }
+    let expected_layers: Vec<i64> = layers.unwrap_or_default().into_iter().collect::<BTreeSet<_>>().into_iter().collect();
+    if expected_layers.is_empty() || expected_layers.iter().any(|&i| i < 0) {
+        return Err("persistent INT8 validation requires non-negative expert layer indices".into());
+    }
+    let resolved = resolve_root(root)?;
+    let (manifest_path, manifest, schema) = load_manifest(&resolved)?;
+    let verify = verify_hashes.unwrap_or(schema >= 2);
+    let expected_meta: [(&str, Value); 6] = [
+        ("state", Value::from("ready")),
+        ("expert_weight_format", Value::from("int8")),
+        ("threadpool_count", Value::from(numa)),
+        ("expert_num", Value::from(experts)),
+        ("hidden_size", Value::from(hidden)),
+        ("intermediate_size", Value::from(inter)),
+    ];
+    for (k, v) in &expected_meta {
+        if !py_eq(manifest.get(*k), v) {
+            return Err(format!("persistent INT8 manifest {k} mismatch: expected {}, got {}", py_repr(Some(v)), py_repr(manifest.get(*k))));
+        }
+    }
+    let backend_str = |v: Option<&Value>| -> String {
+        match v {
+            Some(Value::String(s)) => s.trim().to_lowercase(),
+            Some(other) => other.to_string().to_lowercase(),
+            None => String::new(),
+        }
+    };
+    let layout = if schema == 1 {
+        if !["amxint8", "int8"].contains(&backend_str(manifest.get("backend")).as_str()) {
+            return Err("legacy schema-1 INT8 manifest backend must be AMXINT8 or INT8".into());
+        }
+        LAYOUT.to_string()
+    } else {
+        let layout = manifest.get("layout");
+        if layout.and_then(Value::as_str) != Some(LAYOUT) {
+            return Err(format!("persistent INT8 manifest layout mismatch: expected '{LAYOUT}', got {}", py_repr(layout)));
+        }
+        if manifest.contains_key("backend") && !["auto", "int8"].contains(&backend_str(manifest.get("backend")).as_str()) {
+            return Err("schema-2 INT8 manifest backend must be hardware-neutral ('INT8' or 'auto')".into());
+        }
+        LAYOUT.to_string()
+    };
+    let Some(Value::Array(layers)) = manifest.get("layers") else { return Err("persistent INT8 manifest layers must be a list".into()) };
+    let mut actual_layers = Vec::new();
+    for l in layers {
+        if !l.is_object() {
+            return Err("persistent INT8 manifest layers must contain objects".into());
+        }
+        match as_int(l.get("index")).filter(|&i| i >= 0) {
+            Some(i) => actual_layers.push(i),
+            None => return Err("persistent INT8 layer index must be non-negative".into()),
+        }
+    }
+    if actual_layers.iter().collect::<HashSet<_>>().len() != actual_layers.len() {
+        return Err("persistent INT8 manifest has duplicate layer indices".into());
+    }
+    let mut sorted = actual_layers.clone();
+    sorted.sort();
+    if sorted != expected_layers {
+        return Err(format!("persistent INT8 layer set mismatch: expected {expected_layers:?}, got {sorted:?}"));
+    }
+    let (mut file_count, mut size_bytes) = (0u64, 0u64);
+    for l in layers {
+        let (f, b) = validate_layer(&resolved, l, schema, numa, experts, hidden, inter, verify)?;
+        file_count += f;
+        size_bytes += b;
+    }
+    let manifest_bytes = positive_int(manifest.get("bytes"), "bytes")? as u64;
+    if size_bytes != manifest_bytes {
+        return Err(format!("persistent INT8 manifest byte total mismatch: expected {manifest_bytes}, got {size_bytes}"));
+    }
+    let mut expected_root: BTreeSet<String> = expected_layers.iter().map(|i| format!("_layer_{i}")).collect();
+    expected_root.insert(manifest_path.file_name().unwrap().to_string_lossy().into_owned());
+    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(&resolved).map_err(|e| e.to_string())?.flatten().collect();
+    if entries.iter().any(|e| is_symlink(&e.path())) {
+        return Err("persistent INT8 root must not contain symlinks".into());
+    }
+    let actual_root: BTreeSet<String> = entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    if actual_root != expected_root {
+        let extra: Vec<&String> = actual_root.difference(&expected_root).collect();
+        let missing: Vec<&String> = expected_root.difference(&actual_root).collect();
+        return Err(format!("persistent INT8 root entries differ from its manifest: extra={extra:?}, missing={missing:?}").replace('"', "'"));
+    }
+    Ok(Validated { root: resolved, path: manifest_path, schema_version: schema, layout, layer_indices: expected_layers, file_count, size_bytes })
+}

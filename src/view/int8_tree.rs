@@ -1,0 +1,47 @@
+//! Read-only mounts of existing kt-kernel INT8 trees. The tree is validated first (the same
+//! rules as `validate-int8`; an invalid tree is refused with the validator's message), then
+//! every file is served from its source through `SourceFile::read_exact_at`, which checks the
+//! file's identity after each read: a file changed underneath gives EIO, never new bytes.
+//! (FUSE passthrough is not used yet: reads go through the daemon.)
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{Extent, Ino, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::source::SourceFile;
+use crate::validate_int8::{self, Expect, LEGACY_MANIFEST_NAME, MANIFEST_NAME};
+
+pub fn is_int8_tree(path: &Path) -> bool {
+    path.is_dir() && (path.join(MANIFEST_NAME).exists() || path.join(LEGACY_MANIFEST_NAME).exists())
+}
+
+pub fn build(root: &Path, verify_hashes: bool) -> Result<Tree, ViewError> {
+    let v = validate_int8::validate(root, &Expect::default(), Some(verify_hashes))
+        .map_err(|e| ViewError::Layout { view: "int8-tree", rule: format!("invalid INT8 tree {}: {e}", root.display()) })?;
+    let mut tree = Tree::new();
+    add_dir(&mut tree, ROOT_INO, &v.root)?;
+    Ok(tree)
+}
+
+fn add_dir(tree: &mut Tree, ino: Ino, dir: &Path) -> Result<(), ViewError> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: dir.to_path_buf(), source: e }))?
+        .flatten()
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        if path.is_dir() {
+            let child = tree.add_dir(ino, &name);
+            add_dir(tree, child, &path)?;
+        } else {
+            let file = Arc::new(SourceFile::open(&path)?);
+            let mut f = VirtualFile::new();
+            let len = file.size();
+            f.push(Extent::Source { file, offset: 0, len });
+            tree.add_file(ino, &name, f);
+        }
+    }
+    Ok(())
+}
