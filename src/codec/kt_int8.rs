@@ -34,7 +34,11 @@ pub fn quantize(w: &[f32], n: usize, k: usize, q: &mut [i8], d: &mut [f32]) -> R
         }
         let inv = 1.0f32 / dr;
         for (o, &v) in out.iter_mut().zip(row) {
-            *o = (v * inv).round_ties_even().clamp(-128.0, 127.0) as i8;
+            // |v * inv| <= ~127, far below 2^22: adding and subtracting 1.5 * 2^23 rounds
+            // half to even exactly (the default MXCSR mode), without a libm call.
+            let x = v * inv;
+            let r = (x + 12582912.0f32) - 12582912.0f32;
+            *o = r.clamp(-128.0, 127.0) as i8;
         }
     }
     Ok(())
@@ -63,17 +67,32 @@ fn check_layout(n: usize, k: usize) -> Result<(), CodecError> {
     Ok(())
 }
 
-/// Pack row-major int8 into the VNNI layout.
+/// Pack row-major int8 into the VNNI layout, tile by tile (32 rows x 64 columns, each
+/// half a 16x16 matrix of 4-byte words, transposed).
 pub fn pack(q: &[i8], n: usize, k: usize, out: &mut [u8]) -> Result<(), CodecError> {
     check_layout(n, k)?;
     if q.len() != n * k || out.len() != n * k {
         return Err(CodecError::Shape(format!("INT8 pack: buffers do not match {n}x{k}")));
     }
-    for r in 0..n {
-        for c in (0..k).step_by(4) {
-            let o = packed_offset(r, c, n, k);
-            for t in 0..4 {
-                out[o + t] = q[r * k + c + t] as u8;
+    for nbb in (0..n).step_by(N_BLOCK) {
+        let nbs = N_BLOCK.min(n - nbb);
+        for kbb in (0..k).step_by(K_BLOCK) {
+            let kbs = K_BLOCK.min(k - kbb);
+            for nb in (0..nbs).step_by(N_STEP) {
+                for kb in (0..kbs).step_by(K_STEP) {
+                    let tile = nbb * k + kbb * nbs + nb * kbs + kb * N_STEP;
+                    for i in 0..N_STEP {
+                        let src = (nbb + nb + i) * k + kbb + kb;
+                        let dst = tile + (i / 16) * 1024 + (i % 16) * 4;
+                        for j4 in 0..K_STEP / 4 {
+                            let s4 = &q[src + 4 * j4..src + 4 * j4 + 4];
+                            let d = dst + j4 * 64;
+                            for t in 0..4 {
+                                out[d + t] = s4[t] as u8;
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -117,6 +136,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tiled_pack_follows_the_element_formula() {
+        for (n, k) in [(32, 64), (96, 3584 + 128), (64, 7168 + 64)] {
+            let q: Vec<i8> = (0..n * k).map(|i| (i * 131 % 253) as i8).collect();
+            let mut packed = vec![0u8; n * k];
+            pack(&q, n, k, &mut packed).unwrap();
+            for r in 0..n {
+                for c in 0..k {
+                    assert_eq!(packed[packed_offset(r, c, n, k)], q[r * k + c] as u8, "({r},{c}) of {n}x{k}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn pack_is_a_permutation_and_unpack_inverts_it() {
         for (n, k) in [(32, 64), (64, 128), (96, 3584 + 64), (128, 7168)] {
             let q: Vec<i8> = (0..n * k).map(|i| (i * 31 % 251) as i8).collect();
@@ -156,6 +189,29 @@ mod tests {
         assert_eq!(q[2], 127);
         assert_eq!(q[3], -64, "-63.5 ties to even");
         assert_eq!(&q[4..], &[127, 64], "63.5 ties to even");
+    }
+
+    #[test]
+    fn rounding_matches_round_ties_even() {
+        let mut x = 0x12345678u32;
+        let mut w = vec![0f32; 4096];
+        for v in w.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            *v = (x as f32 / u32::MAX as f32 - 0.5) * 3.0;
+        }
+        w[7] = 0.0;
+        w[8] = -0.0;
+        let (mut q, mut d) = (vec![0i8; 4096], vec![0f32; 16]);
+        quantize(&w, 16, 256, &mut q, &mut d).unwrap();
+        for r in 0..16 {
+            let inv = 1.0f32 / d[r];
+            for c in 0..256 {
+                let want = (w[r * 256 + c] * inv).round_ties_even().clamp(-128.0, 127.0) as i8;
+                assert_eq!(q[r * 256 + c], want);
+            }
+        }
     }
 
     #[test]

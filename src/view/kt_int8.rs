@@ -197,8 +197,8 @@ impl Int8Chunks {
     fn compute_all(&self) -> Result<Vec<Arc<[u8]>>, ViewError> {
         let (rows, cols) = if self.proj == 2 { (self.hidden, self.inter) } else { (self.inter, self.hidden) };
         let w = self.matrix.decode(rows, cols, &self.name)?;
-        let mut out = Vec::with_capacity(2 * self.numa);
-        for part in 0..self.numa {
+        use rayon::prelude::*;
+        let parts: Vec<Result<(Arc<[u8]>, Arc<[u8]>), ViewError>> = (0..self.numa).into_par_iter().map(|part| {
             let (sub, n, k) = if self.proj == 2 {
                 (kt_int8::numa_split_cols(&w, rows, cols, part, self.numa), self.hidden, self.inter / self.numa)
             } else {
@@ -209,8 +209,13 @@ impl Int8Chunks {
             kt_int8::quantize(&sub, n, k, &mut q, &mut d).map_err(|e| ViewError::Internal(e.to_string()))?;
             let mut packed = vec![0u8; n * k];
             kt_int8::pack(&q, n, k, &mut packed).map_err(|e| ViewError::Internal(e.to_string()))?;
-            out.push(Arc::from(packed));
-            out.push(Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()));
+            Ok((Arc::from(packed), Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())))
+        }).collect();
+        let mut out = Vec::with_capacity(2 * self.numa);
+        for p in parts {
+            let (q, s) = p?;
+            out.push(q);
+            out.push(s);
         }
         Ok(out)
     }
