@@ -9,6 +9,8 @@
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::SourceError;
 
@@ -39,6 +41,15 @@ pub struct SourceFile {
     path: PathBuf,
     file: File,
     identity: FileIdentity,
+    /// When the path was last checked to still name this file (ms since the epoch).
+    path_checked_ms: AtomicU64,
+}
+
+/// How often reads re-check that the path still names the open file (replaced, deleted).
+const PATH_CHECK_MS: u64 = 1000;
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl SourceFile {
@@ -49,7 +60,7 @@ impl SourceFile {
         if !meta.is_file() {
             return Err(SourceError::format(path, "source must be a regular file"));
         }
-        Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta) })
+        Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta), path_checked_ms: AtomicU64::new(now_ms()) })
     }
 
     pub fn path(&self) -> &Path {
@@ -62,6 +73,23 @@ impl SourceFile {
 
     pub fn size(&self) -> u64 {
         self.identity.size
+    }
+
+    /// Check that the path still names the open file (not replaced by a rename, not
+    /// deleted). Rate-limited to once per second per file: a stat by path per read would
+    /// cost more than the read itself.
+    fn check_path(&self) -> Result<(), SourceError> {
+        let now = now_ms();
+        let last = self.path_checked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < PATH_CHECK_MS {
+            return Ok(());
+        }
+        self.path_checked_ms.store(now, Ordering::Relaxed);
+        match std::fs::metadata(&self.path) {
+            Ok(m) if m.dev() == self.identity.device && m.ino() == self.identity.inode => Ok(()),
+            Ok(_) => Err(SourceError::Changed { path: self.path.clone(), what: "replaced by another file".into() }),
+            Err(e) => Err(SourceError::Changed { path: self.path.clone(), what: format!("no longer there ({e})") }),
+        }
     }
 
     /// Check that the open file still has the identity it had when opened.
@@ -95,6 +123,7 @@ impl SourceFile {
                 SourceError::Io { path: self.path.clone(), source: e }
             }
         })?;
-        self.check_unchanged()
+        self.check_unchanged()?;
+        self.check_path()
     }
 }

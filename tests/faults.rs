@@ -1,0 +1,97 @@
+//! Faults while mounted: the source changes or disappears (EIO for affected files, with a
+//! log line, never mixed bytes), and the daemon is killed (the mountpoint recovers).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const PACK: &str = "s.pack";
+
+fn setup() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("s.gguf");
+    std::fs::copy(sample(), &src).unwrap();
+    let log = dir.path().join("daemon.log");
+    (dir, src, log)
+}
+
+fn expect_eio(m: &Mount, log: &Path, what: &str) {
+    match std::fs::read(m.path(PACK)) {
+        Ok(_) => panic!("{what}: the pack was served after the source changed"),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{what}: {e}"),
+    }
+    // Header and manifest are in memory and describe the source the mount was made from.
+    assert!(std::fs::read(m.path("s.pack.manifest.json")).is_ok());
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(text.contains("source changed while in use"), "{what}: no log line:\n{text}");
+}
+
+#[test]
+fn source_rewritten_in_place_truncated_replaced_or_deleted_gives_eio() {
+    for case in ["rewritten", "truncated", "replaced", "deleted"] {
+        let (dir, src, log) = setup();
+        let m = Mount::new(&src, &[&format!("log_file={}", log.display()), "top_k=2"]);
+        let size = std::fs::metadata(&src).unwrap().len();
+        match case {
+            "rewritten" => {
+                let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &[0xAB; 64], size - 4096).unwrap();
+            }
+            "truncated" => std::fs::OpenOptions::new().write(true).open(&src).unwrap().set_len(size / 2).unwrap(),
+            "replaced" => {
+                let other = dir.path().join("other.gguf");
+                std::fs::copy(&src, &other).unwrap();
+                std::fs::rename(&other, &src).unwrap();
+                std::thread::sleep(Duration::from_millis(1100)); // the path check runs at most once a second
+            }
+            "deleted" => {
+                std::fs::remove_file(&src).unwrap();
+                std::thread::sleep(Duration::from_millis(1100));
+            }
+            _ => unreachable!(),
+        }
+        expect_eio(&m, &log, case);
+        m.unmount();
+    }
+}
+
+#[test]
+fn a_killed_daemon_does_not_wedge_the_mountpoint() {
+    // With auto_unmount the mount goes away with the daemon.
+    let (_dir, src, _log) = setup();
+    let m = Mount::new(&src, &["auto_unmount"]);
+    // The daemon only: fusermount3's auto_unmount helper (whose command line also names the
+    // mountpoint) is what unmounts when the daemon dies.
+    let pids: Vec<u32> = live_processes_mentioning(&m.mountpoint.to_string_lossy())
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "xpackfs"))
+        .collect();
+    assert_eq!(pids.len(), 1);
+    for p in &pids {
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    wait_until("auto_unmount after kill -9", Duration::from_secs(10), || mounts_line(&m.mountpoint).is_none());
+    let again = Command::new(bin()).arg("mount").arg(&src).arg(&m.mountpoint).args(["-o", "digest_store=none"]).output().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(std::fs::metadata(m.path(PACK)).is_ok());
+    m.unmount();
+
+    // Without it, the documented recovery (umount -l) clears the dead mount.
+    let (_dir, src, _log) = setup();
+    let m = Mount::new(&src, &[]);
+    for p in live_processes_mentioning(&m.mountpoint.to_string_lossy()) {
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+    }
+    wait_until("daemon gone", Duration::from_secs(10), || live_processes_mentioning(&m.mountpoint.to_string_lossy()).is_empty());
+    let e = std::fs::metadata(m.path(PACK)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    run_ok(Command::new("umount").arg("-l").arg(&m.mountpoint));
+    let again = Command::new(bin()).arg("mount").arg(&src).arg(&m.mountpoint).args(["-o", "digest_store=none"]).output().unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(std::fs::metadata(m.path(PACK)).is_ok());
+    m.unmount();
+}
