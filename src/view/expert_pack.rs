@@ -189,7 +189,9 @@ pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
             return Err(layout_err(format!("{}: {} bytes do not split evenly into {e} experts", t.name, t.nbytes)));
         }
         let slice = t.nbytes / e;
-        let elements = t.shape[0] * t.shape[1];
+        let elements = t.shape[0]
+            .checked_mul(t.shape[1])
+            .ok_or_else(|| layout_err(format!("{}: element count of shape {:?} overflows", t.name, t.shape)))?;
         if ggml_type.row_bytes(elements) != Some(slice) {
             return Err(layout_err(format!(
                 "{}: expert slice of {slice} bytes does not hold {elements} {} elements",
