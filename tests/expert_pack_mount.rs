@@ -26,7 +26,7 @@ fn pack_equals_gguf_reader_slices_through_pread_mmap_and_o_direct() {
     let names: Vec<String> = std::fs::read_dir(&m.mountpoint).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     let mut names = names;
     names.sort();
-    assert_eq!(names, ["sample-moe.pack", "sample-moe.pack.manifest.json"]);
+    assert_eq!(names, [".xpackfs", "sample-moe.pack", "sample-moe.pack.manifest.json"]);
     check_pack(&[&sample()], &m.path("sample-moe.pack"), "pread,mmap,direct");
     m.unmount();
 }
@@ -326,5 +326,26 @@ fn read_ahead_kb_option_sets_the_mounts_bdi() {
         .unwrap();
     let ra = std::fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap();
     assert_eq!(ra.trim(), "2048");
+    m.unmount();
+}
+
+#[test]
+fn stats_json_reports_reads_and_the_cache() {
+    let m = Mount::new(&sample(), &[]);
+    let read_stats = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(m.path(".xpackfs/stats.json")).unwrap()).unwrap() };
+    let before = read_stats();
+    let pack = std::fs::read(m.path("sample-moe.pack")).unwrap();
+    let after = read_stats();
+    assert!(after["reads"].as_u64().unwrap() > before["reads"].as_u64().unwrap());
+    assert!(after["bytes_served"].as_u64().unwrap() >= pack.len() as u64);
+    assert!(after["read_latency_us"]["p99"].as_u64().unwrap() >= after["read_latency_us"]["p50"].as_u64().unwrap());
+    assert_eq!(after["cache"]["budget_bytes"], 1024u64 << 20);
+    assert_eq!(after["files"], 2);
+    // Not part of the view: materialize and listings of the view's files leave it out.
+    assert!(std::fs::metadata(m.path(".xpackfs")).unwrap().is_dir());
+    m.unmount();
+    // INT8 views keep their root exactly as the validator wants it.
+    let m = Mount::new(&sample(), &["view=kt-int8"]);
+    assert!(std::fs::metadata(m.path(".xpackfs")).is_err());
     m.unmount();
 }

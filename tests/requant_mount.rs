@@ -35,7 +35,9 @@ fn seed_convert(src: &Path, out: &Path, recipe: &[&str]) {
 }
 
 fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    // Hidden entries (the mount's /.xpackfs status directory) are not part of the view.
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| !n.starts_with('.')).collect();
     v.sort();
     v
 }

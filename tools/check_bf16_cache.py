@@ -101,7 +101,7 @@ def main() -> int:
     problems = []
     manifest = json.loads((args.cache / "kt_non_expert_manifest.json").read_text())
     cache_index = json.loads((args.cache / "model.safetensors.index.json").read_text())
-    names = sorted(p.name for p in args.cache.iterdir())
+    names = sorted(p.name for p in args.cache.iterdir() if not p.name.startswith("."))  # /.xpackfs/ is the mount's status
     want_names = sorted([f"non-expert-{i:03d}.safetensors" for i in range(len(expected_files))] +
                         ["kt_non_expert_manifest.json", "model.safetensors.index.json"])
     if names != want_names:

@@ -65,23 +65,70 @@ pub struct Ownership {
     pub mtime: SystemTime,
 }
 
-#[derive(Debug, Default)]
+/// Read counters and a latency histogram (bucket b holds reads of 2^(b-1)..2^b microseconds).
+#[derive(Debug)]
 pub struct Stats {
     pub reads: AtomicU64,
     pub bytes_served: AtomicU64,
     pub read_errors: AtomicU64,
+    pub latency_us: [AtomicU64; 40],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            reads: AtomicU64::new(0),
+            bytes_served: AtomicU64::new(0),
+            read_errors: AtomicU64::new(0),
+            latency_us: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Stats {
+    fn record(&self, micros: u64) {
+        let b = (64 - micros.leading_zeros()) as usize;
+        self.latency_us[b.min(39)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Upper bound (microseconds) of the bucket holding quantile `q` of recorded reads.
+    pub fn latency_quantile(&self, q: f64) -> u64 {
+        let counts: Vec<u64> = self.latency_us.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return if b == 0 { 0 } else { 1u64 << b };
+            }
+        }
+        u64::MAX
+    }
 }
 
 #[derive(Debug)]
 pub struct Fs {
     tree: Arc<Tree>,
     owner: Ownership,
-    pub stats: Stats,
+    pub stats: Arc<Stats>,
 }
 
 impl Fs {
     pub fn new(tree: Tree, owner: Ownership) -> Self {
-        Fs { tree: Arc::new(tree), owner, stats: Stats::default() }
+        Self::with_stats(tree, owner, Arc::default())
+    }
+
+    pub fn with_stats(tree: Tree, owner: Ownership, stats: Arc<Stats>) -> Self {
+        Fs { tree: Arc::new(tree), owner, stats }
+    }
+
+    /// Status files change between reads: no caching of their pages or attributes.
+    pub fn is_dynamic(&self, ino: Ino) -> bool {
+        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::Dynamic(_)))
     }
 
     pub fn tree(&self) -> &Tree {
@@ -100,6 +147,7 @@ impl Fs {
                 (Kind::Dir, 0, r | (r >> 2 & 0o111), 2 + subdirs)
             }
             NodeKind::File(f) => (Kind::File, f.size(), self.owner.read_bits, 1),
+            NodeKind::Dynamic(content) => (Kind::File, content().len() as u64, self.owner.read_bits, 1),
         };
         Ok(Attr { ino, kind, size, perm, nlink, uid: self.owner.uid, gid: self.owner.gid, mtime: self.owner.mtime })
     }
@@ -110,7 +158,7 @@ impl Fs {
                 let ino = children.get(name).ok_or_else(|| FsError::NotFound { parent, name: name.to_string() })?;
                 self.attr(*ino)
             }
-            NodeKind::File(_) => Err(FsError::NotDir(parent)),
+            _ => Err(FsError::NotDir(parent)),
         }
     }
 
@@ -131,7 +179,7 @@ impl Fs {
             return Err(FsError::ReadOnly);
         }
         match self.tree.get(ino).ok_or(FsError::NoInode(ino))?.kind {
-            NodeKind::File(_) => Ok(()),
+            NodeKind::File(_) | NodeKind::Dynamic(_) => Ok(()),
             NodeKind::Dir { .. } => Err(FsError::IsDir(ino)),
         }
     }
@@ -139,9 +187,22 @@ impl Fs {
     /// Read into `buf`; returns the byte count (short only at end of file).
     pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
-        let NodeKind::File(f) = &node.kind else { return Err(FsError::IsDir(ino)) };
+        let f = match &node.kind {
+            NodeKind::File(f) => f,
+            NodeKind::Dynamic(content) => {
+                let c = content();
+                let start = (offset as usize).min(c.len());
+                let n = (c.len() - start).min(buf.len());
+                buf[..n].copy_from_slice(&c[start..start + n]);
+                return Ok(n);
+            }
+            NodeKind::Dir { .. } => return Err(FsError::IsDir(ino)),
+        };
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        match f.read_at(offset, buf) {
+        let started = std::time::Instant::now();
+        let result = f.read_at(offset, buf);
+        self.stats.record(started.elapsed().as_micros() as u64);
+        match result {
             Ok(n) => {
                 self.stats.bytes_served.fetch_add(n as u64, Ordering::Relaxed);
                 Ok(n)
@@ -185,5 +246,16 @@ mod tests {
         assert_eq!(fs.open(a.ino, libc::O_RDWR).unwrap_err().errno(), libc::EROFS);
         assert_eq!(fs.open(sub.ino, libc::O_RDONLY).unwrap_err().errno(), libc::EISDIR);
         assert!(fs.open(a.ino, libc::O_RDONLY | libc::O_DIRECT).is_ok());
+    }
+
+    #[test]
+    fn latency_quantiles() {
+        let s = Stats::default();
+        for us in [1u64, 3, 3, 3, 100, 5000] {
+            s.record(us);
+        }
+        assert_eq!(s.latency_quantile(0.5), 4);
+        assert_eq!(s.latency_quantile(0.99), 8192);
+        assert_eq!(Stats::default().latency_quantile(0.5), 0);
     }
 }

@@ -68,7 +68,10 @@ impl Filesystem for FuseAdapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let Some(name) = name.to_str() else { return reply.error(Errno::ENOENT) };
         match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &to_fuse(a), Generation(0)),
+            Ok(a) => {
+                let ttl = if self.fs.is_dynamic(a.ino) { Duration::ZERO } else { TTL };
+                reply.entry(&ttl, &to_fuse(a), Generation(0))
+            }
             Err(e) => {
                 log_err("lookup", &e);
                 reply.error(errno(&e))
@@ -77,14 +80,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ttl = if self.fs.is_dynamic(ino.0) { Duration::ZERO } else { TTL };
         match self.fs.attr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &to_fuse(a)),
+            Ok(a) => reply.attr(&ttl, &to_fuse(a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
+            // Status files are generated per read: no page cache.
+            Ok(()) if self.fs.is_dynamic(ino.0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
             // Immutable contents: keep the kernel's page cache across opens.
             Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => {

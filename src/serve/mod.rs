@@ -22,8 +22,11 @@ use options::MountOptions;
 
 /// Build the view tree a mount of `source` with `opts` serves.
 pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewError> {
+    build_tree_with_cache(source, opts, Arc::new(crate::cache::ChunkCache::new(opts.cache_mb << 20)))
+}
+
+pub fn build_tree_with_cache(source: &Source, opts: &MountOptions, cache: Arc<crate::cache::ChunkCache>) -> Result<Tree, ViewError> {
     let store = DigestStore::from_option(opts.digest_store.as_deref());
-    let cache = std::sync::Arc::new(crate::cache::ChunkCache::new(opts.cache_mb << 20));
     let view = match opts.view.as_str() {
         "auto" if source.safetensors().is_some() => "bf16-cache",
         "auto" => "expert-pack",
@@ -88,14 +91,30 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     };
     opts.pack.pack_dir = opts.mountpoint_path.clone().unwrap_or_else(|| mount_path.clone());
 
-    let tree = if crate::view::int8_tree::is_int8_tree(source_path) {
+    let cache = Arc::new(crate::cache::ChunkCache::new(opts.cache_mb << 20));
+    let int8_tree = crate::view::int8_tree::is_int8_tree(source_path);
+    let want_stats = opts.stats.unwrap_or(!int8_tree && opts.view != "kt-int8");
+    let mut tree = if int8_tree {
         crate::view::int8_tree::build(source_path, opts.verify_hashes).map_err(|e| e.to_string())?
     } else {
         let source = Source::open(source_path).map_err(|e| e.to_string())?;
-        build_tree(&source, &opts).map_err(|e| e.to_string())?
+        build_tree_with_cache(&source, &opts, cache.clone()).map_err(|e| e.to_string())?
     };
     let owner = ownership_of(source_path).map_err(|e| format!("{}: {e}", source_path.display()))?;
-    let fs = Arc::new(Fs::new(tree, owner));
+    let stats: Arc<fs::Stats> = Arc::default();
+    let stats_json = stats_content(stats.clone(), cache.clone(), tree.files().len());
+    if want_stats {
+        let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
+        tree.add_dynamic(hidden, "stats.json", stats_json.clone());
+    }
+    {
+        let stats_json = stats_json.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            tracing::debug!("stats: {}", String::from_utf8_lossy(&stats_json()));
+        });
+    }
+    let fs = Arc::new(Fs::with_stats(tree, owner, stats));
     let adapter = fuse::FuseAdapter { fs: fs.clone(), max_read: opts.max_read };
 
     let mut config = Config::default();
@@ -151,4 +170,39 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     session.run().map_err(|e| format!("FUSE session: {e}"))?;
     tracing::info!("unmounted {}", mount_path.display());
     Ok(())
+}
+
+/// `/.xpackfs/stats.json`: counters of the mount, generated at each read.
+fn stats_content(stats: Arc<fs::Stats>, cache: Arc<crate::cache::ChunkCache>, files: usize) -> crate::view::tree::DynamicContent {
+    use std::sync::atomic::Ordering::Relaxed;
+    let started = std::time::Instant::now();
+    Arc::new(move || {
+        let c = &cache.stats;
+        let v = serde_json::json!({
+            "uptime_s": started.elapsed().as_secs_f64(),
+            "files": files,
+            "reads": stats.reads.load(Relaxed),
+            "bytes_served": stats.bytes_served.load(Relaxed),
+            "read_errors": stats.read_errors.load(Relaxed),
+            "read_latency_us": {
+                "p50": stats.latency_quantile(0.50),
+                "p90": stats.latency_quantile(0.90),
+                "p99": stats.latency_quantile(0.99),
+                "max": stats.latency_quantile(1.0),
+                "note": "upper bounds of power-of-two buckets",
+            },
+            "cache": {
+                "budget_bytes": cache.budget(),
+                "bytes": cache.bytes(),
+                "hits": c.hits.load(Relaxed),
+                "misses": c.misses.load(Relaxed),
+                "waits": c.waits.load(Relaxed),
+                "evictions": c.evictions.load(Relaxed),
+                "bytes_computed": c.bytes_computed.load(Relaxed),
+            },
+        });
+        let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+        s.push('\n');
+        s.into_bytes()
+    })
 }

@@ -17,6 +17,7 @@ pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("w3", true, "requant: ggml type for up (w3) experts: IQ2_XXS (default), Q2_K, Q8_0"),
     ("numa_count", true, "kt-int8: NUMA parts (kt-kernel threadpool count), default 1"),
     ("verify_hashes", false, "INT8 tree mounts: hash every file while validating the tree before mounting"),
+    ("stats", true, "on|off: /.xpackfs/stats.json (default on; off for kt-int8 views and INT8 trees, whose root must hold nothing else)"),
     ("cache_mb", true, "byte budget of the computed-chunk cache in MiB (default 1024)"),
     ("name", true, "file name stem of the pack (default: the source's stem)"),
     ("model_ref", true, "model reference recorded in the manifest (default deepseek-v4-flash)"),
@@ -56,6 +57,7 @@ pub struct MountOptions {
     pub cache_mb: usize,
     pub numa_count: usize,
     pub verify_hashes: bool,
+    pub stats: Option<bool>,
     pub pack: PackOptions,
     pub digest_store: Option<String>,
     pub threads: usize,
@@ -78,6 +80,7 @@ impl Default for MountOptions {
             cache_mb: 1024,
             numa_count: 1,
             verify_hashes: false,
+            stats: None,
             pack: PackOptions::default(),
             digest_store: None,
             threads: 8,
@@ -142,6 +145,13 @@ impl MountOptions {
                 }
             }
             "verify_hashes" => self.verify_hashes = true,
+            "stats" => {
+                self.stats = Some(match v {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("option stats: {v:?} is not on or off")),
+                })
+            }
             "cache_mb" => {
                 self.cache_mb = num(key, v)?;
                 if self.cache_mb == 0 {

@@ -8,10 +8,23 @@ use super::vfile::VirtualFile;
 pub type Ino = u64;
 pub const ROOT_INO: Ino = 1;
 
-#[derive(Debug)]
+/// Content generated at each read (status files); not part of a view's files.
+pub type DynamicContent = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
 pub enum NodeKind {
     Dir { children: BTreeMap<String, Ino> },
     File(Arc<VirtualFile>),
+    Dynamic(DynamicContent),
+}
+
+impl std::fmt::Debug for NodeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeKind::Dir { children } => f.debug_struct("Dir").field("children", children).finish(),
+            NodeKind::File(v) => f.debug_tuple("File").field(v).finish(),
+            NodeKind::Dynamic(_) => f.write_str("Dynamic"),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -44,7 +57,7 @@ impl Tree {
     pub fn lookup(&self, parent: Ino, name: &str) -> Option<Ino> {
         match &self.get(parent)?.kind {
             NodeKind::Dir { children } => children.get(name).copied(),
-            NodeKind::File(_) => None,
+            _ => None,
         }
     }
 
@@ -60,7 +73,7 @@ impl Tree {
             NodeKind::Dir { children } => {
                 assert!(children.insert(name.to_string(), ino).is_none(), "duplicate name {name:?}");
             }
-            NodeKind::File(_) => panic!("parent {parent} is not a directory"),
+            _ => panic!("parent {parent} is not a directory"),
         }
         self.nodes.push(Node { name: name.to_string(), parent, kind });
         ino
@@ -72,6 +85,10 @@ impl Tree {
 
     pub fn add_file(&mut self, parent: Ino, name: &str, file: VirtualFile) -> Ino {
         self.add(parent, name, NodeKind::File(Arc::new(file)))
+    }
+
+    pub fn add_dynamic(&mut self, parent: Ino, name: &str, content: DynamicContent) -> Ino {
+        self.add(parent, name, NodeKind::Dynamic(content))
     }
 
     pub fn add_file_arc(&mut self, parent: Ino, name: &str, file: Arc<VirtualFile>) -> Ino {
@@ -92,6 +109,7 @@ impl Tree {
                 match &self.get(child).unwrap().kind {
                     NodeKind::File(f) => out.push((path, f.clone())),
                     NodeKind::Dir { .. } => self.walk(child, path, out),
+                    NodeKind::Dynamic(_) => {}
                 }
             }
         }
