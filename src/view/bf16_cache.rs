@@ -20,7 +20,7 @@
 //! the shards through this view, then remembered in the digest store.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde_json::{json, Value};
@@ -370,32 +370,6 @@ fn canonical_sha(v: &Value) -> String {
     digest::sha256_hex(pyjson::dumps(v, &Style::CANONICAL).as_bytes())
 }
 
-/// The manifest, computed on first read (it needs every shard's sha256).
-struct ManifestChunk {
-    len: u64,
-    build: Box<dyn Fn() -> Result<Vec<u8>, ViewError> + Send + Sync>,
-    done: OnceLock<Arc<[u8]>>,
-}
-
-impl std::fmt::Debug for ManifestChunk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManifestChunk").field("len", &self.len).finish()
-    }
-}
-
-impl ChunkSource for ManifestChunk {
-    fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
-        if let Some(b) = self.done.get() {
-            return Ok(b.clone());
-        }
-        let bytes = (self.build)()?;
-        if bytes.len() as u64 != self.len {
-            return Err(ViewError::Internal(format!("manifest is {} bytes, announced {}", bytes.len(), self.len)));
-        }
-        Ok(self.done.get_or_init(|| bytes.into()).clone())
-    }
-}
-
 /// Build the view.
 pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Result<Tree, ViewError> {
     let meta = source.safetensors().ok_or_else(|| err("the BF16 cache view needs a safetensors checkpoint"))?;
@@ -523,7 +497,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Re
                 tracing::info!("hashing the BF16 cache shards once for the manifest");
                 let mut hashes = Vec::new();
                 for (_, f) in &files {
-                    hashes.push(super::expert_pack::hash_file(f)?);
+                    hashes.push(f.sha256()?);
                 }
                 if let Err(e) = store.save_view(&store_key, &hashes) {
                     tracing::warn!("could not store BF16 cache digests: {e}");
@@ -533,8 +507,6 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Re
         };
         Ok(make_manifest(&hashes))
     };
-    let mut mf = VirtualFile::new();
-    mf.push(Extent::Computed { source: Arc::new(ManifestChunk { len, build: Box::new(build_manifest), done: OnceLock::new() }), id: 0, len });
-    tree.add_file(ROOT_INO, MANIFEST_NAME, mf);
+    tree.add_file(ROOT_INO, MANIFEST_NAME, VirtualFile::lazy(len, build_manifest));
     Ok(tree)
 }

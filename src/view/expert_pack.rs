@@ -721,19 +721,6 @@ impl ExpertPack {
     }
 }
 
-/// sha256 of a virtual file, read through `read_at` in large chunks.
-pub fn hash_file(f: &VirtualFile) -> Result<String, ViewError> {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut off = 0u64;
-    while off < f.size() {
-        let n = f.read_at(off, &mut buf)?;
-        h.update(&buf[..n]);
-        off += n as u64;
-    }
-    Ok(digest::hex(&h.finalize()))
-}
-
 /// Plan, digest and describe the expert-pack view: `<name>.pack` and its manifest.
 pub fn build(source: &Source, store: &DigestStore, opts: &PackOptions) -> Result<Tree, ViewError> {
     plan(source, opts)?; // fail on layout before any hashing
@@ -745,7 +732,7 @@ pub fn build(source: &Source, store: &DigestStore, opts: &PackOptions) -> Result
         Some(h) => h.clone(),
         None => {
             tracing::info!("hashing the {} byte pack once to fill pack_sha256", file.size());
-            let h = hash_file(&file)?;
+            let h = file.sha256()?;
             digests.views.insert(key, h.clone());
             if let Err(e) = store.save(&digests) {
                 tracing::warn!("could not store the pack digest: {e}");

@@ -11,7 +11,7 @@
 //! chunk cache. The manifest's digests are computed on first read and remembered.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use safetensors::Dtype;
 use serde_json::{json, Value};
@@ -235,32 +235,6 @@ impl ChunkSource for Int8Chunks {
     }
 }
 
-/// A file computed once on first read, its size known up front.
-struct Lazy {
-    len: u64,
-    build: Box<dyn Fn() -> Result<Vec<u8>, ViewError> + Send + Sync>,
-    done: OnceLock<Arc<[u8]>>,
-}
-
-impl std::fmt::Debug for Lazy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Lazy({})", self.len)
-    }
-}
-
-impl ChunkSource for Lazy {
-    fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
-        if let Some(b) = self.done.get() {
-            return Ok(b.clone());
-        }
-        let b = (self.build)()?;
-        if b.len() as u64 != self.len {
-            return Err(ViewError::Internal(format!("manifest is {} bytes, announced {}", b.len(), self.len)));
-        }
-        Ok(self.done.get_or_init(|| b.into()).clone())
-    }
-}
-
 pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, numa: usize) -> Result<Tree, ViewError> {
     let ex = find_experts(source)?;
     let (h, i, e) = (ex.hidden, ex.inter, ex.experts);
@@ -355,7 +329,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, numa:
         let hashes = match store.load_view(&key) {
             Some(h) if h.len() == all.len() => h,
             _ => {
-                let h = all.iter().map(|f| super::expert_pack::hash_file(f)).collect::<Result<Vec<_>, _>>()?;
+                let h = all.iter().map(|f| f.sha256()).collect::<Result<Vec<_>, _>>()?;
                 if let Err(e) = store.save_view(&key, &h) {
                     tracing::warn!("could not store INT8 digests: {e}");
                 }
@@ -364,8 +338,6 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, numa:
         };
         Ok(make(&hashes))
     };
-    let mut mf = VirtualFile::new();
-    mf.push(Extent::Computed { source: Arc::new(Lazy { len, build: Box::new(build_manifest), done: OnceLock::new() }), id: 0, len });
-    tree.add_file(ROOT_INO, MANIFEST_NAME, mf);
+    tree.add_file(ROOT_INO, MANIFEST_NAME, VirtualFile::lazy(len, build_manifest));
     Ok(tree)
 }

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
@@ -166,38 +166,6 @@ impl ChunkSource for QuantChunks {
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         self.0.get(id)
     }
-}
-
-/// A file whose size is known up front and whose bytes are computed once, on first read.
-struct Lazy {
-    len: u64,
-    build: Box<dyn Fn() -> Result<Vec<u8>, ViewError> + Send + Sync>,
-    done: OnceLock<Arc<[u8]>>,
-}
-
-impl std::fmt::Debug for Lazy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Lazy({} bytes)", self.len)
-    }
-}
-
-impl ChunkSource for Lazy {
-    fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
-        if let Some(b) = self.done.get() {
-            return Ok(b.clone());
-        }
-        let bytes = (self.build)()?;
-        if bytes.len() as u64 != self.len {
-            return Err(ViewError::Internal(format!("computed {} bytes, announced {}", bytes.len(), self.len)));
-        }
-        Ok(self.done.get_or_init(|| bytes.into()).clone())
-    }
-}
-
-fn lazy_file(len: u64, build: impl Fn() -> Result<Vec<u8>, ViewError> + Send + Sync + 'static) -> VirtualFile {
-    let mut f = VirtualFile::new();
-    f.push(Extent::Computed { source: Arc::new(Lazy { len, build: Box::new(build), done: OnceLock::new() }), id: 0, len });
-    f
 }
 
 /// The seed's `safetensors_header`: compact JSON in insertion order, space padded.
@@ -434,7 +402,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
                     let mut flat = Vec::new();
                     for (_, file, off, nb, start, ob) in &manifest_rows {
                         let sh = hash_source(file, *off, *nb)?;
-                        let oh = hash_range(&f, *start, *ob)?;
+                        let oh = f.sha256_range(*start, *ob)?;
                         flat.push(sh.clone());
                         flat.push(oh.clone());
                         hashes.push((sh, oh));
@@ -447,7 +415,7 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
             };
             Ok(make(&hashes))
         };
-        tree.add_file(ROOT_INO, &format!("{out_name}.manifest.json"), lazy_file(len, build_manifest));
+        tree.add_file(ROOT_INO, &format!("{out_name}.manifest.json"), VirtualFile::lazy(len, build_manifest));
         tree.add_file(ROOT_INO, &format!("{out_name}.complete"), VirtualFile::from_bytes(format!("{shard} {file_bytes} {}\n", members.len()).into_bytes()));
         plan_shards.push(json!({
             "source_shard": shard, "output_shard": out_name, "data_bytes": offset,
@@ -493,20 +461,6 @@ fn hash_source(file: &SourceFile, offset: u64, len: u64) -> Result<String, ViewE
         file.read_exact_at(&mut buf[..n], offset + done)?;
         h.update(&buf[..n]);
         done += n as u64;
-    }
-    Ok(digest::hex(&h.finalize()))
-}
-
-fn hash_range(f: &VirtualFile, offset: u64, len: u64) -> Result<String, ViewError> {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 4 << 20];
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        let got = f.read_at(offset + done, &mut buf[..n])?;
-        h.update(&buf[..got]);
-        done += got as u64;
     }
     Ok(digest::hex(&h.finalize()))
 }

@@ -3,7 +3,9 @@
 //! [`VirtualFile::read_at`] is the one path by which bytes leave a view: the FUSE adapter
 //! and `materialize` both call it, so a mount and a materialized copy cannot disagree.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use sha2::{Digest, Sha256};
 
 use super::ViewError;
 use crate::source::SourceFile;
@@ -115,6 +117,64 @@ impl VirtualFile {
     }
 }
 
+/// A file whose size is known up front and whose bytes are computed once, on first read
+/// (manifests that hold digests of other files: hex digests have a fixed length).
+struct Lazy {
+    len: u64,
+    build: Box<dyn Fn() -> Result<Vec<u8>, ViewError> + Send + Sync>,
+    done: OnceLock<Arc<[u8]>>,
+}
+
+impl std::fmt::Debug for Lazy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lazy({} bytes)", self.len)
+    }
+}
+
+impl ChunkSource for Lazy {
+    fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
+        if let Some(b) = self.done.get() {
+            return Ok(b.clone());
+        }
+        let bytes = (self.build)()?;
+        if bytes.len() as u64 != self.len {
+            return Err(ViewError::Internal(format!("computed {} bytes, announced {}", bytes.len(), self.len)));
+        }
+        Ok(self.done.get_or_init(|| bytes.into()).clone())
+    }
+}
+
+impl VirtualFile {
+    /// A file of `len` bytes produced by `build` on first read (errors are not kept).
+    pub fn lazy(len: u64, build: impl Fn() -> Result<Vec<u8>, ViewError> + Send + Sync + 'static) -> VirtualFile {
+        let mut f = VirtualFile::new();
+        f.push(Extent::Computed { source: Arc::new(Lazy { len, build: Box::new(build), done: OnceLock::new() }), id: 0, len });
+        f
+    }
+
+    /// sha256 of `len` bytes at `offset`, read through `read_at` in large chunks.
+    pub fn sha256_range(&self, offset: u64, len: u64) -> Result<String, ViewError> {
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 8 << 20];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            let got = self.read_at(offset + done, &mut buf[..n])?;
+            if got == 0 {
+                return Err(ViewError::Internal(format!("file ended at {} of {}", offset + done, offset + len)));
+            }
+            h.update(&buf[..got]);
+            done += got as u64;
+        }
+        Ok(crate::digest::hex(&h.finalize()))
+    }
+
+    /// sha256 of the whole file.
+    pub fn sha256(&self) -> Result<String, ViewError> {
+        self.sha256_range(0, self.size)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +196,24 @@ mod tests {
         f.push(Extent::Bytes(Arc::from(&b""[..])));
         f.push(Extent::Bytes(Arc::from(&b"z"[..])));
         f
+    }
+
+    #[test]
+    fn lazy_files_are_built_once_and_checked() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let f = VirtualFile::lazy(3, move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(b"abc".to_vec())
+        });
+        let mut buf = [0u8; 3];
+        f.read_at(0, &mut buf).unwrap();
+        f.read_at(1, &mut buf).unwrap();
+        assert_eq!((&buf[..2], calls.load(Ordering::SeqCst)), (&b"bc"[..], 1));
+        let wrong = VirtualFile::lazy(5, || Ok(b"abc".to_vec()));
+        assert!(wrong.read_at(0, &mut buf).is_err());
+        assert_eq!(f.sha256().unwrap(), crate::digest::sha256_hex(b"abc"));
     }
 
     #[test]
