@@ -113,11 +113,17 @@ impl Filesystem for FuseAdapter {
     ) {
         let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
         let mut buf = vec![0u8; size as usize];
-        match self.fs.read(ino.0, offset, &mut buf) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => {
+        // A bug must not take a worker thread (and the mount) down: a panic is an EIO.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fs.read(ino.0, offset, &mut buf)));
+        match result {
+            Ok(Ok(n)) => reply.data(&buf[..n]),
+            Ok(Err(e)) => {
                 log_err("read", &e);
                 reply.error(errno(&e))
+            }
+            Err(_) => {
+                tracing::error!("read of inode {} at {offset}: internal error (panic); answered EIO", ino.0);
+                reply.error(Errno::EIO)
             }
         }
     }
