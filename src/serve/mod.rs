@@ -111,7 +111,9 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
         let stats_json = stats_json.clone();
         std::thread::spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_secs(60));
-            tracing::debug!("stats: {}", String::from_utf8_lossy(&stats_json()));
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                tracing::debug!("stats: {}", String::from_utf8_lossy(&stats_json()));
+            }
         });
     }
     let fs = Arc::new(Fs::with_stats(tree, owner, stats));
