@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+from bench_common import bench_gguf  # noqa: E402
 
 
 def main() -> int:
@@ -23,11 +25,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/xpackfs-bench"))
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     a = ap.parse_args()
-    a.workdir.mkdir(parents=True, exist_ok=True)
-    src = a.workdir / "bench-8x32x2048x1536.gguf"
-    if not src.exists():
-        subprocess.run([sys.executable, str(REPO / "tools/make_sample_gguf.py"), str(src), "--fast-random", "--layers", "8",
-                        "--experts", "32", "--hidden", "2048", "--ff", "1536"], check=True)
+    src = bench_gguf(a.workdir)
     subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # warm
     out = a.workdir / "materialized"
     shutil.rmtree(out, ignore_errors=True)

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+from bench_common import bench_gguf  # noqa: E402
 
 
 def read_all(path: Path, block: int = 1 << 20, drop: bool = False) -> tuple[int, float]:
@@ -56,12 +58,7 @@ def main() -> int:
     ap.add_argument("--mount-opts", default="")
     args = ap.parse_args()
 
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    src = args.workdir / f"bench-{args.layers}x{args.experts}x{args.hidden}x{args.ff}.gguf"
-    if not src.exists():
-        subprocess.run([sys.executable, str(REPO / "tools/make_sample_gguf.py"), str(src), "--fast-random",
-                        "--layers", str(args.layers), "--experts", str(args.experts), "--hidden", str(args.hidden),
-                        "--ff", str(args.ff)], check=True)
+    src = bench_gguf(args.workdir, args.layers, args.experts, args.hidden, args.ff)
     mnt = args.workdir / "mnt"
     mnt.mkdir(exist_ok=True)
     subprocess.run(["umount", str(mnt)], stderr=subprocess.DEVNULL)

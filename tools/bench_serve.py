@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+from bench_common import bench_gguf  # noqa: E402
 
 
 def drop(path: Path) -> None:
@@ -127,11 +129,7 @@ def main() -> int:
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     ap.add_argument("--minipass", default=str(REPO / "target/release/examples/minipass"))
     a = ap.parse_args()
-    a.workdir.mkdir(parents=True, exist_ok=True)
-    src = a.workdir / "bench-8x32x2048x1536.gguf"
-    if not src.exists():
-        subprocess.run([sys.executable, str(REPO / "tools/make_sample_gguf.py"), str(src), "--fast-random", "--layers", "8",
-                        "--experts", "32", "--hidden", "2048", "--ff", "1536"], check=True)
+    src = bench_gguf(a.workdir)
     store = a.workdir / "digests"
     mat = a.workdir / "pack-on-disk"
     opts = f"digest_store={store}"
