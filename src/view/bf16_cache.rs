@@ -295,10 +295,20 @@ struct CheckedChunks {
     nbytes: u64,
     dtype: Dtype,
     chunk_bytes: u64,
+    cache: Arc<ChunkCache>,
+    id: u64,
 }
 
 impl ChunkSource for CheckedChunks {
+    /// Through the cache: FUSE reads a chunk in many small requests, and each must not
+    /// re-read and re-check the whole chunk.
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
+        self.cache.get_or_compute((self.id, id), || self.compute(id))
+    }
+}
+
+impl CheckedChunks {
+    fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
         let start = id * self.chunk_bytes;
         let len = self.chunk_bytes.min(self.nbytes - start) as usize;
         let mut b = vec![0u8; len];
@@ -311,7 +321,7 @@ impl ChunkSource for CheckedChunks {
         if !finite {
             return Err(ViewError::Content { tensor: self.name.clone(), rule: "non-finite source tensor".into() });
         }
-        Ok(b.into())
+        Ok(b)
     }
 }
 
@@ -422,7 +432,16 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Re
                 f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
             } else {
                 let chunk_bytes = 4u64 << 20;
-                let src = Arc::new(CheckedChunks { name: t.name.clone(), file, offset: t.offset, nbytes: t.nbytes, dtype: p.dtype, chunk_bytes });
+                let src = Arc::new(CheckedChunks {
+                    name: t.name.clone(),
+                    file,
+                    offset: t.offset,
+                    nbytes: t.nbytes,
+                    dtype: p.dtype,
+                    chunk_bytes,
+                    id: cache.producer_id(),
+                    cache: cache.clone(),
+                });
                 for c in 0..t.nbytes.div_ceil(chunk_bytes) {
                     f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
                 }

@@ -488,8 +488,8 @@ pub struct ExpertPack {
 }
 
 impl ExpertPack {
-    pub fn new(source: &Source, digests: SourceDigests, opts: &PackOptions) -> Result<ExpertPack, ViewError> {
-        let layout = plan(source, opts)?;
+    /// `layout` is [`plan`]'s result for the same source and options.
+    pub fn new(source: &Source, layout: Layout, digests: SourceDigests, opts: &PackOptions) -> Result<ExpertPack, ViewError> {
         let model_identity = opts.model_identity_sha256.clone().unwrap_or_else(|| digests.header_sha256.clone()).to_ascii_lowercase();
         let model_identity_raw = parse_hex32("model_identity_sha256", &model_identity)?;
         let blob_sha = match &opts.config_blob {
@@ -723,9 +723,9 @@ impl ExpertPack {
 
 /// Plan, digest and describe the expert-pack view: `<name>.pack` and its manifest.
 pub fn build(source: &Source, store: &DigestStore, opts: &PackOptions) -> Result<Tree, ViewError> {
-    plan(source, opts)?; // fail on layout before any hashing
+    let layout = plan(source, opts)?; // fail on layout before any hashing
     let mut digests = digest::obtain(source, store, opts.source_sha256.as_deref())?;
-    let pack = ExpertPack::new(source, digests.clone(), opts)?;
+    let pack = ExpertPack::new(source, layout, digests.clone(), opts)?;
     let file = pack.pack_file(source);
     let key = pack.store_key();
     let pack_sha256 = match digests.views.get(&key) {
