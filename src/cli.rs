@@ -52,7 +52,24 @@ fn command() -> Command {
             .arg(Arg::new("verify").long("verify").action(ArgAction::SetTrue).help("re-read what was written and check every digest, and the manifests' digests"))
             .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).help("print a JSON summary at the end"))
             .arg(Arg::new("margin-gib").long("margin-gib").default_value("1").value_parser(clap::value_parser!(f64)).help("free space to keep beyond the output, GiB"))
-            .arg(Arg::new("chunk-kib").long("chunk-kib").default_value("8192").value_parser(clap::value_parser!(usize)).help("write size, KiB")),
+            .arg(Arg::new("chunk-kib").long("chunk-kib").default_value("8192").value_parser(clap::value_parser!(usize)).help("write size, KiB"))
+            .arg(
+                Arg::new("partition")
+                    .long("partition")
+                    .value_name("I/N")
+                    .value_parser(clap::value_parser!(crate::materialize::partition::Partition))
+                    .conflicts_with_all(["finalize", "resume"])
+                    .help("write only part I (0-based) of N of the output; run every part (any machines sharing OUT), then --finalize. Re-running a part continues it"),
+            )
+            .arg(
+                Arg::new("piece-size")
+                    .long("piece-size")
+                    .value_name("BYTES")
+                    .default_value("1G")
+                    .value_parser(parse_piece_size)
+                    .help("with --partition: files larger than this are cut into pieces of this size (a multiple of 4096; K, M, G suffixes), spread over the parts; 0: never cut"),
+            )
+            .arg(Arg::new("finalize").long("finalize").action(ArgAction::SetTrue).help("after every --partition I/N has finished: check the parts, assemble cut files, write the manifests")),
     );
     Command::new("xpackfs")
         .version(env!("CARGO_PKG_VERSION"))
@@ -345,6 +362,37 @@ fn run_codec(m: &ArgMatches) -> Result<(), String> {
     std::io::stdout().write_all(&out).map_err(|e| format!("stdout: {e}"))
 }
 
+/// `4096`, `256K`, `64M`, `1G`: a multiple of 4096 bytes (pieces of a cut file stay page
+/// aligned, so parts written by different machines never share a page).
+fn parse_piece_size(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1u64 << 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
+        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
+        t => (t, 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size (e.g. 1G, 256M, 4096)"))?;
+    let bytes = n.checked_mul(unit).ok_or_else(|| format!("{s:?} is too large"))?;
+    if bytes % 4096 != 0 {
+        return Err(format!("{s:?} is not a multiple of 4096 bytes"));
+    }
+    Ok(bytes)
+}
+
+/// This process's argv without the partitioning arguments (`--partition`, `--piece-size`).
+fn recorded_command() -> String {
+    let mut out = Vec::new();
+    let mut args = std::env::args();
+    while let Some(a) = args.next() {
+        if a == "--partition" || a == "--piece-size" {
+            args.next();
+        } else if !a.starts_with("--partition=") && !a.starts_with("--piece-size=") {
+            out.push(a);
+        }
+    }
+    out.join(" ")
+}
+
 fn run_materialize(m: &ArgMatches) -> i32 {
     init_logging(false);
     let mut opts = match mount_options(m) {
@@ -362,9 +410,15 @@ fn run_materialize(m: &ArgMatches) -> i32 {
     }
     let out = std::fs::canonicalize(out).unwrap_or_else(|_| out.clone());
     opts.pack.pack_dir = out.clone();
-    opts.pack.command = std::env::args().collect::<Vec<_>>().join(" ");
+    opts.pack.materialize = true;
+    let partition = m.get_one::<crate::materialize::partition::Partition>("partition").copied();
+    let finalize = m.get_flag("finalize");
     let started = std::time::Instant::now();
     let result = (|| -> Result<Vec<crate::materialize::FileResult>, String> {
+        use crate::materialize::partition;
+        // The command recorded in manifests is the same for a single run and for every part
+        // of a partitioned one: the argv without `--partition`, as the parts recorded it.
+        opts.pack.command = if finalize { partition::recorded_command(&out).map_err(|e| e.to_string())? } else { recorded_command() };
         let source = crate::source::Source::open(source_path).map_err(|e| e.to_string())?;
         let tree = serve::build_tree(&source, &opts).map_err(|e| e.to_string())?;
         let mopts = crate::materialize::Options {
@@ -375,7 +429,15 @@ fn run_materialize(m: &ArgMatches) -> i32 {
             chunk: *m.get_one::<usize>("chunk-kib").unwrap() << 10,
             progress: crate::materialize::stderr_is_terminal() && !m.get_flag("json"),
         };
-        crate::materialize::materialize(&source, &tree, &out, &mopts).map_err(|e| e.to_string())
+        match (partition, finalize) {
+            (Some(p), _) => {
+                let piece = *m.get_one::<u64>("piece-size").unwrap();
+                partition::run_partition(&source, &tree, &out, p, piece, &opts.pack.command, &mopts)
+            }
+            (None, true) => partition::finalize(&source, &tree, &out, &mopts),
+            (None, false) => crate::materialize::materialize(&source, &tree, &out, &mopts),
+        }
+        .map_err(|e| e.to_string())
     })();
     match result {
         Ok(files) => {

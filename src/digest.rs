@@ -242,6 +242,69 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
     })
 }
 
+/// Hashes bytes of one file streamed in order from `start`: the sha256 of everything
+/// streamed, and of every wanted `(offset, len)` range lying wholly inside what is streamed.
+pub struct RangeHasher {
+    whole: Sha256,
+    pos: u64,
+    /// (start, end, hasher), sorted by start; removed when finished.
+    open: Vec<(u64, u64, Sha256)>,
+    finished: Vec<(u64, u64, String)>,
+}
+
+impl RangeHasher {
+    pub fn new(start: u64, end: u64, wanted: &[(u64, u64)]) -> Self {
+        let mut open: Vec<(u64, u64, Sha256)> = wanted
+            .iter()
+            .filter(|(o, l)| *o >= start && o.saturating_add(*l) <= end)
+            .map(|&(o, l)| (o, o + l, Sha256::new()))
+            .collect();
+        open.sort_by_key(|r| (r.0, r.1));
+        let mut h = RangeHasher { whole: Sha256::new(), pos: start, open, finished: Vec::new() };
+        h.close_finished();
+        h
+    }
+
+    fn close_finished(&mut self) {
+        let pos = self.pos;
+        let mut i = 0;
+        while i < self.open.len() {
+            if self.open[i].1 <= pos {
+                let (a, b, h) = self.open.remove(i);
+                self.finished.push((a, b - a, hex(&h.finalize())));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.whole.update(bytes);
+        let (lo, hi) = (self.pos, self.pos + bytes.len() as u64);
+        for (a, b, h) in &mut self.open {
+            if *a >= hi {
+                break;
+            }
+            let (s, e) = ((*a).max(lo), (*b).min(hi));
+            if s < e {
+                h.update(&bytes[(s - lo) as usize..(e - lo) as usize]);
+            }
+        }
+        self.pos = hi;
+        self.close_finished();
+    }
+
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// The sha256 of everything streamed, and `(offset, len, sha256)` of every wanted range
+    /// that was streamed completely.
+    pub fn finish(self) -> (String, Vec<(u64, u64, String)>) {
+        (hex(&self.whole.finalize()), self.finished)
+    }
+}
+
 /// Where digests are remembered. `None` disables the store.
 #[derive(Debug, Clone)]
 pub struct DigestStore {
@@ -272,8 +335,11 @@ impl DigestStore {
         }
     }
 
+    /// Keyed by path, inode, size, mtime and ctime, not by the device number: the clients of
+    /// a network filesystem see the same file under different device numbers, and a store on
+    /// that filesystem is meant to be shared by them (a cluster materialize, several mounts).
     fn key(files: &[FileRecord]) -> String {
-        let v = serde_json::to_value(files).expect("serializable");
+        let v = serde_json::to_value(portable(files)).expect("serializable");
         sha256_hex(crate::pyjson::dumps(&v, &crate::pyjson::Style::CANONICAL).as_bytes())
     }
 
@@ -286,7 +352,7 @@ impl DigestStore {
         let path = self.path_for(source)?;
         let text = std::fs::read(&path).ok()?;
         match serde_json::from_slice::<SourceDigests>(&text) {
-            Ok(d) if d.format == STORE_FORMAT && d.files == file_records(source) && covers(&d, source) => Some(d),
+            Ok(d) if d.format == STORE_FORMAT && portable(&d.files) == portable(&file_records(source)) && covers(&d, source) => Some(d),
             Ok(_) => None,
             Err(e) => {
                 tracing::warn!("ignoring unreadable digest store entry {}: {e}", path.display());
@@ -324,6 +390,14 @@ impl DigestStore {
         std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| err(format!("cannot create directory: {e}")))?;
         crate::fsutil::write_atomic(&path, &serde_json::to_vec(hashes).unwrap()).map_err(|e| err(e.to_string()))
     }
+}
+
+/// File records without the device number (see [`DigestStore`]'s key).
+fn portable(files: &[FileRecord]) -> Vec<FileRecord> {
+    files
+        .iter()
+        .map(|f| FileRecord { path: f.path.clone(), identity: crate::source::FileIdentity { device: 0, ..f.identity } })
+        .collect()
 }
 
 fn covers(d: &SourceDigests, source: &Source) -> bool {
@@ -365,6 +439,35 @@ pub fn obtain(source: &Source, store: &DigestStore, expected_source_sha256: Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn range_hasher_matches_direct_hashes() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let wanted = [(0, 10_000), (5, 0), (100, 900), (950, 3000), (9_999, 1), (9_000, 2_000), (4_000, 10)];
+        for (start, end) in [(0u64, 10_000u64), (950, 4_000), (100, 1_000)] {
+            let mut h = RangeHasher::new(start, end, &wanted);
+            // Uneven pieces, so ranges start and end inside updates.
+            let mut pos = start as usize;
+            for step in [1usize, 333, 4096, 17].iter().cycle() {
+                if pos >= end as usize {
+                    break;
+                }
+                let n = (*step).min(end as usize - pos);
+                h.update(&data[pos..pos + n]);
+                pos += n;
+            }
+            let (whole, mut ranges) = h.finish();
+            assert_eq!(whole, sha256_hex(&data[start as usize..end as usize]));
+            ranges.sort();
+            let mut expect: Vec<(u64, u64, String)> = wanted
+                .iter()
+                .filter(|(o, l)| *o >= start && o + l <= end)
+                .map(|&(o, l)| (o, l, sha256_hex(&data[o as usize..(o + l) as usize])))
+                .collect();
+            expect.sort();
+            assert_eq!(ranges, expect, "streamed [{start}, {end})");
+        }
+    }
 
     #[test]
     fn utc_like_python_isoformat() {

@@ -69,6 +69,39 @@ fn pack_and_manifest_match_the_seed_build() {
     let text = std::fs::read_to_string(m.path("sample-moe.pack.manifest.json")).unwrap();
     assert!(text.starts_with("{\n  \"alignment\": 8192,\n") && text.ends_with("}\n"));
     m.unmount();
+
+    // materialize writes the seed's three files: the same pack, the same manifest (but for
+    // the same fields) and the completed checkpoint.
+    let mat = tempfile::tempdir().unwrap();
+    let opts = format!("model_identity_sha256={ID},config_sha256={CFG},top_k=2,alignment=8192,model_ref=toy-moe,digest_store=none");
+    run_ok(Command::new(bin()).arg("materialize").arg(sample()).arg("--out").arg(mat.path()).args(["--margin-gib", "0", "--verify", "-o", &opts]));
+    let mut names: Vec<String> = std::fs::read_dir(mat.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    let mut seed_names: Vec<String> = std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    seed_names.sort();
+    assert_eq!(names, seed_names);
+    assert!(std::fs::read(mat.path().join("sample-moe.pack")).unwrap() == seed_pack);
+    let mut mat_manifest = load(&mat.path().join("sample-moe.pack.manifest.json"));
+    for k in ["created_at", "pack_path", "builder"] {
+        mat_manifest.as_object_mut().unwrap().remove(k);
+    }
+    mat_manifest["transform"].as_object_mut().unwrap().remove("tool_sha256");
+    assert_eq!(mat_manifest, seed);
+    let mut seed_ck = load(&out.path().join("sample-moe.pack.checkpoint.json"));
+    let mut our_ck = load(&mat.path().join("sample-moe.pack.checkpoint.json"));
+    let our_manifest_sha = xpackfs::digest::sha256_hex(&std::fs::read(mat.path().join("sample-moe.pack.manifest.json")).unwrap());
+    assert_eq!(our_ck["manifest_sha256"], our_manifest_sha.as_str());
+    assert_eq!(seed_ck["entries"].as_array().unwrap().len(), 3 * 8 * 3);
+    for v in [&mut seed_ck, &mut our_ck] {
+        let o = v.as_object_mut().unwrap();
+        // When, by which program, and the digest of a manifest that differs in those fields.
+        for k in ["started_at", "completed_at", "tool_sha256", "manifest_sha256"] {
+            assert!(o.remove(k).is_some(), "checkpoint lacks {k}");
+        }
+    }
+    assert_eq!(our_ck, seed_ck);
+    let text = std::fs::read_to_string(mat.path().join("sample-moe.pack.checkpoint.json")).unwrap();
+    assert!(text.starts_with("{\n  \"completed_at\": ") && text.ends_with("}\n"));
 }
 
 #[test]

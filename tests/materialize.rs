@@ -33,8 +33,10 @@ fn every_view_materializes_to_the_mounted_bytes() {
         assert!(r.status.success(), "{opts}: {}", String::from_utf8_lossy(&r.stderr));
         let summary: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
         let m = Mount::new(&source, &[opts]);
-        assert_eq!(files(out.path()), files(&m.mountpoint), "{opts}");
-        for name in files(out.path()) {
+        // materialize also writes the seed's completed build checkpoint, which a mount does not serve.
+        let written: Vec<String> = files(out.path()).into_iter().filter(|n| !n.ends_with(".pack.checkpoint.json")).collect();
+        assert_eq!(written, files(&m.mountpoint), "{opts}");
+        for name in written {
             let a = std::fs::read(out.path().join(&name)).unwrap();
             let b = std::fs::read(m.path(&name)).unwrap();
             if name.ends_with(".pack.manifest.json") {
@@ -123,4 +125,188 @@ fn refuses_to_overwrite_and_detects_a_changed_source_across_resume() {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let r = materialize(&src, &out, &["-o", "digest_store=none"]);
     assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains("already exists"));
+}
+
+/// Every file of `dir` (names relative to it, hidden ones included), sorted.
+fn tree_files(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut v = Vec::new();
+    walk(dir, dir, &mut v);
+    v.sort();
+    v
+}
+
+fn stderr(r: &std::process::Output) -> String {
+    String::from_utf8_lossy(&r.stderr).into_owned()
+}
+
+/// N processes at once (`--partition I/N`), then `--finalize`, give the bytes of one
+/// single-process run into the same directory, for every view; the digests `--finalize`
+/// records let a mount serve complete manifests without hashing anything.
+#[test]
+fn partitions_then_finalize_equal_a_single_run() {
+    let v4 = tempfile::tempdir().unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
+    let cases: Vec<(std::path::PathBuf, &str, usize, &str)> = vec![
+        (sample(), "top_k=2", 3, "64K"),
+        (v4.path().to_path_buf(), "view=bf16-cache", 4, "64K"),
+        (v4.path().to_path_buf(), "view=requant", 3, "64K"),
+        (sample(), "view=kt-int8,numa_count=2", 5, "8K"),
+    ];
+    for (source, opts, n, piece) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let store = tmp.path().join("digests");
+        let o = format!("{opts},digest_store={}", store.display());
+        // The source's digests first (what `xpackfs digest` does before a cluster run), so
+        // both runs record the same digest pass (the manifests' times are the digest pass's).
+        run_ok(Command::new(bin()).arg("digest").arg(&source).arg("--digest-store").arg(&store));
+        let store_copy = tmp.path().join("digests-copy");
+        std::fs::create_dir(&store_copy).unwrap();
+        for e in std::fs::read_dir(&store).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), store_copy.join(e.file_name())).unwrap();
+        }
+        let r = materialize(&source, &out, &["-o", &o, "--piece-size", piece]);
+        assert!(r.status.success(), "{opts}: {}", stderr(&r));
+        let reference = tmp.path().join("reference");
+        std::fs::rename(&out, &reference).unwrap();
+        // The parts start from the store as it was before the single run.
+        std::fs::remove_dir_all(&store).unwrap();
+        std::fs::rename(&store_copy, &store).unwrap();
+
+        // The parts, all at once; small pieces cut the larger files across them.
+        let children: Vec<_> = (0..n)
+            .map(|i| {
+                Command::new(bin())
+                    .arg("materialize")
+                    .arg(&source)
+                    .arg("--out")
+                    .arg(&out)
+                    .args(["--margin-gib", "0", "-o", &o, "--partition", &format!("{i}/{n}"), "--piece-size", piece])
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let r = c.wait_with_output().unwrap();
+            assert!(r.status.success(), "{opts}: {}", stderr(&r));
+        }
+        let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(".xpackfs-parts/plan.json")).unwrap()).unwrap();
+        let pieces = plan["pieces"].as_array().unwrap();
+        assert!(pieces.iter().any(|p| p["whole"] == false), "{opts}: nothing was cut");
+        for i in 0..n {
+            assert!(pieces.iter().any(|p| p["partition"] == i), "{opts}: partition {i} had nothing to do");
+        }
+        let r = materialize(&source, &out, &["-o", &o, "--finalize", "--verify"]);
+        assert!(r.status.success(), "{opts}: {}", stderr(&r));
+        assert_eq!(tree_files(&out), tree_files(&reference), "{opts}");
+        for name in tree_files(&reference) {
+            assert!(std::fs::read(out.join(&name)).unwrap() == std::fs::read(reference.join(&name)).unwrap(), "{opts}: {name} differs");
+        }
+
+        // The manifests' digests are in the store: a mount serves them computing nothing.
+        let m = Mount::new(&source, &[&o]);
+        for name in tree_files(&reference).iter().filter(|n| n.ends_with(".json")) {
+            if let Ok(b) = std::fs::read(m.path(name)) {
+                assert!(b == std::fs::read(reference.join(name)).unwrap() || name.ends_with(".pack.manifest.json"), "{opts}: {name}");
+            }
+        }
+        if let Ok(stats) = std::fs::read(m.path(".xpackfs/stats.json")) {
+            let stats: serde_json::Value = serde_json::from_slice(&stats).unwrap();
+            assert_eq!(stats["cache"]["bytes_computed"], 0, "{opts}: reading the manifests computed chunks");
+        }
+        m.unmount();
+    }
+}
+
+#[test]
+fn finalize_names_unfinished_and_damaged_parts_and_parts_continue() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = "top_k=2,digest_store=none";
+    let part = |i: usize| materialize(&sample(), &out, &["-o", o, "--partition", &format!("{i}/3"), "--piece-size", "128K"]);
+    for i in [0, 2] {
+        let r = part(i);
+        assert!(r.status.success(), "{}", stderr(&r));
+    }
+    let r = materialize(&sample(), &out, &["-o", o, "--finalize"]);
+    assert!(!r.status.success());
+    assert!(stderr(&r).contains("unfinished partitions: partition 1/3"), "{}", stderr(&r));
+    // A different split of the same output is refused.
+    let r = materialize(&sample(), &out, &["-o", o, "--partition", "1/4", "--piece-size", "128K"]);
+    assert!(!r.status.success() && stderr(&r).contains("planned differently"), "{}", stderr(&r));
+    // A single-process run into a partitioned output is refused.
+    let r = materialize(&sample(), &out, &["-o", o, "--resume"]);
+    assert!(!r.status.success() && stderr(&r).contains("partitioned run"), "{}", stderr(&r));
+    assert!(part(1).status.success());
+    // Running a finished part again does nothing.
+    let again = part(1);
+    assert!(again.status.success());
+    // Damage one byte of the cut pack: finalize names the piece and its partition.
+    let partial = out.join(".sample-moe.pack.partial");
+    let f = std::fs::OpenOptions::new().write(true).open(&partial).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, b"\xff", 300_000).unwrap();
+    drop(f);
+    let r = materialize(&sample(), &out, &["-o", o, "--finalize"]);
+    assert!(!r.status.success());
+    let e = stderr(&r);
+    assert!(e.contains("sample-moe.pack bytes 262144..393216 (piece 2, partition") && e.contains("hash to"), "{e}");
+    // As the message says: drop that piece's record, run its partition again, finalize.
+    let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(".xpackfs-parts/plan.json")).unwrap()).unwrap();
+    let owner = plan["pieces"][2]["partition"].as_u64().unwrap() as usize;
+    std::fs::remove_file(out.join(".xpackfs-parts/piece-000002.json")).unwrap();
+    assert!(part(owner).status.success());
+    let r = materialize(&sample(), &out, &["-o", o, "--finalize", "--verify"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(!out.join(".xpackfs-parts").exists());
+    let single = tmp.path().join("single");
+    assert!(materialize(&sample(), &single, &["-o", o]).status.success());
+    assert!(std::fs::read(out.join("sample-moe.pack")).unwrap() == std::fs::read(single.join("sample-moe.pack")).unwrap());
+    // A finished output is not partitioned again.
+    let r = part(0);
+    assert!(!r.status.success() && stderr(&r).contains("finished output"), "{}", stderr(&r));
+}
+
+/// `--verify` checks what the manifests declare: a damaged byte in a completed output is
+/// found by `--resume --verify` (which re-hashes completed files from disk).
+#[test]
+fn verify_finds_damage_the_manifests_describe() {
+    let v4 = tempfile::tempdir().unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
+    let cases: Vec<(std::path::PathBuf, &str, &str, &str)> = vec![
+        (v4.path().to_path_buf(), "view=requant", "quant-00001-of-00003.safetensors", "hashes to"),
+        (sample(), "top_k=2", "sample-moe.pack", "does not match sample-moe.pack"),
+        (v4.path().to_path_buf(), "view=bf16-cache", "non-expert-000.safetensors", "does not match its digest"),
+    ];
+    for (source, opts, victim, message) in cases {
+        let out = tempfile::tempdir().unwrap();
+        let o = format!("{opts},digest_store=none");
+        let r = materialize(&source, out.path(), &["-o", &o]);
+        assert!(r.status.success(), "{opts}: {}", stderr(&r));
+        let r = materialize(&source, out.path(), &["-o", &o, "--resume", "--verify"]);
+        assert!(r.status.success(), "{opts}: an intact output must verify: {}", stderr(&r));
+        let names = tree_files(out.path());
+        let victim = names.iter().find(|n| n.ends_with(victim)).unwrap_or_else(|| panic!("{opts}: no {victim} in {names:?}"));
+        let path = out.path().join(victim);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let mut b = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, size - 10).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, &[b[0] ^ 0x40], size - 10).unwrap();
+        drop(f);
+        let r = materialize(&source, out.path(), &["-o", &o, "--resume", "--verify"]);
+        assert!(!r.status.success(), "{opts}: damage in {victim} went unnoticed");
+        assert!(stderr(&r).contains(message), "{opts}: {}", stderr(&r));
+    }
 }

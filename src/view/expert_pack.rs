@@ -57,6 +57,9 @@ pub struct PackOptions {
     pub pack_dir: PathBuf,
     /// Recorded as `builder.command`.
     pub command: String,
+    /// Building for materialize: the manifest is derived from the written pack's digest, and
+    /// the seed's checkpoint file is part of the output.
+    pub materialize: bool,
 }
 
 impl Default for PackOptions {
@@ -74,6 +77,7 @@ impl Default for PackOptions {
             source_sha256: None,
             pack_dir: PathBuf::from("."),
             command: String::new(),
+            materialize: false,
         }
     }
 }
@@ -619,7 +623,52 @@ impl ExpertPack {
         f
     }
 
-    pub fn manifest(&self, source: &Source, opts: &PackOptions, pack_path: &str, pack_sha256: &str) -> Value {
+    /// The seed's checkpoint file in its final state (`status: complete`): every layer
+    /// completed, every index entry as `IndexEntry.to_dict()` gives it. Its times are the
+    /// digest pass's, like the manifest's, so the bytes do not depend on when it is written.
+    pub fn checkpoint(&self, pack_sha256: &str, manifest_sha256: &str) -> Value {
+        let l = &self.layout;
+        let d = &self.digests;
+        let index = &self.head[HEADER_BYTES as usize..(HEADER_BYTES + l.index_count * ENTRY_BYTES) as usize];
+        let entries: Vec<Value> = index
+            .chunks(ENTRY_BYTES as usize)
+            .map(|raw| {
+                let e = IndexEntry::decode(raw);
+                json!({
+                    "layer": e.layer, "expert": e.expert, "role": ROLE_NAMES[e.role_id as usize],
+                    "dtype_id": e.dtype_id, "dtype": e.dtype, "tensor_name": e.tensor_name,
+                    "source_tensor_offset": e.source_tensor_offset, "source_tensor_nbytes": e.source_tensor_nbytes,
+                    "source_slice_offset": e.source_slice_offset, "source_slice_nbytes": e.source_slice_nbytes,
+                    "pack_offset": e.pack_offset, "pack_nbytes": e.pack_nbytes,
+                    "source_tensor_sha256": digest::hex(&e.source_tensor_sha256),
+                    "source_slice_sha256": digest::hex(&e.source_slice_sha256),
+                    "checksum": digest::hex(&e.checksum),
+                    "shape": &e.shape[..e.rank as usize],
+                    "quant_scheme": e.quant_scheme, "transform_id": e.transform_id,
+                    "block_size": e.block_size, "generation": e.generation,
+                })
+            })
+            .collect();
+        json!({
+            "format": format!("{FORMAT}-checkpoint"),
+            "version": 1,
+            "status": "complete",
+            "started_at": d.computed_at,
+            "completed_at": d.computed_at,
+            "source_sha256": d.source_sha256,
+            "model_identity_sha256": self.model_identity_sha256,
+            "config_sha256": self.config_sha256,
+            "tool_sha256": tool_sha256(),
+            "expected_pack_bytes": l.pack_size,
+            "completed_layers": (0..l.num_layers).collect::<Vec<_>>(),
+            "pack_end": l.pack_size,
+            "entries": entries,
+            "manifest_sha256": manifest_sha256,
+            "pack_sha256": pack_sha256,
+        })
+    }
+
+    pub fn manifest(&self, source: &ManifestSource, opts: &PackOptions, pack_path: &str, pack_sha256: &str) -> Value {
         let l = &self.layout;
         let d = &self.digests;
         let routed: std::collections::HashSet<usize> = l.roles.iter().flatten().copied().collect();
@@ -654,7 +703,7 @@ impl ExpertPack {
             }));
         }
         let payload_bytes = l.index_count * l.role_nbytes;
-        let data_offset = source.gguf().map(|m| m.headers[0].data_offset).unwrap_or(0);
+        let data_offset = source.data_offset;
         json!({
             "format": FORMAT,
             "version": 1,
@@ -687,8 +736,8 @@ impl ExpertPack {
                 "single_gpu": true,
             },
             "source": {
-                "path": source.files[0].path().to_string_lossy(),
-                "size": source.logical_size(),
+                "path": source.path,
+                "size": source.size,
                 "sha256": d.source_sha256,
                 "gguf_data_offset": data_offset,
                 "gguf_metadata_sha256": d.header_sha256,
@@ -722,33 +771,99 @@ impl ExpertPack {
 }
 
 /// Plan, digest and describe the expert-pack view: `<name>.pack` and its manifest.
+///
+/// For a mount the pack's sha256 (the manifest's `pack_sha256`) is obtained up front, from
+/// the digest store or by hashing the pack once. For materialize (`opts.materialize`) the
+/// manifest is a derived file instead: its digest comes from the pass that writes the pack,
+/// and the seed's completed checkpoint file `<name>.pack.checkpoint.json` is added.
 pub fn build(source: &Source, store: &DigestStore, opts: &PackOptions) -> Result<Tree, ViewError> {
     let layout = plan(source, opts)?; // fail on layout before any hashing
-    let mut digests = digest::obtain(source, store, opts.source_sha256.as_deref())?;
-    let pack = ExpertPack::new(source, layout, digests.clone(), opts)?;
-    let file = pack.pack_file(source);
-    let key = pack.store_key();
-    let pack_sha256 = match digests.views.get(&key) {
-        Some(h) => h.clone(),
-        None => {
-            tracing::info!("hashing the {} byte pack once to fill pack_sha256", file.size());
-            let h = file.sha256()?;
-            digests.views.insert(key, h.clone());
-            if let Err(e) = store.save(&digests) {
-                tracing::warn!("could not store the pack digest: {e}");
-            }
-            h
+    let digests = digest::obtain(source, store, opts.source_sha256.as_deref())?;
+    let pack = Arc::new(ExpertPack::new(source, layout, digests, opts)?);
+    let file = Arc::new(pack.pack_file(source));
+    let pack_name = format!("{}.pack", pack.name);
+    let pack_path = opts.pack_dir.join(&pack_name).to_string_lossy().into_owned();
+    let render = {
+        let (pack, opts, pack_path) = (pack.clone(), opts.clone(), pack_path.clone());
+        let source_info = ManifestSource::of(source);
+        move |pack_sha256: &str| -> Vec<u8> {
+            let mut text = pyjson::dumps(&pack.manifest(&source_info, &opts, &pack_path, pack_sha256), &pyjson::Style::PRETTY_SORTED);
+            text.push('\n');
+            text.into_bytes()
         }
     };
-    let pack_name = format!("{}.pack", pack.name);
-    let pack_path = opts.pack_dir.join(&pack_name);
-    let manifest = pack.manifest(source, opts, &pack_path.to_string_lossy(), &pack_sha256);
-    let mut text = pyjson::dumps(&manifest, &pyjson::Style::PRETTY_SORTED);
-    text.push('\n');
+    // The pack's digest: remembered in the store with the source's digests.
+    let pack_digest = {
+        let (pack, file, store) = (pack.clone(), file.clone(), store.clone());
+        let once = std::sync::OnceLock::new();
+        move || -> Result<String, ViewError> {
+            if let Some(h) = once.get() {
+                return Ok(std::string::String::clone(h));
+            }
+            let key = pack.store_key();
+            if let Some(h) = pack.digests.views.get(&key) {
+                return Ok(h.clone());
+            }
+            if file.known_digest(0, file.size()).is_none() {
+                tracing::info!("hashing the {} byte pack once to fill pack_sha256", file.size());
+            }
+            let h = file.sha256()?;
+            let mut d = pack.digests.clone();
+            d.views.insert(key, h.clone());
+            if let Err(e) = store.save(&d) {
+                tracing::warn!("could not store the pack digest: {e}");
+            }
+            Ok(once.get_or_init(|| h).clone())
+        }
+    };
     let mut tree = Tree::new();
-    tree.add_file(ROOT_INO, &pack_name, file);
-    tree.add_file(ROOT_INO, &format!("{pack_name}.manifest.json"), VirtualFile::from_bytes(text.into_bytes()));
+    tree.add_file_arc(ROOT_INO, &pack_name, file.clone());
+    let manifest_name = format!("{pack_name}.manifest.json");
+    if !opts.materialize {
+        let sha = pack_digest()?;
+        tree.add_file(ROOT_INO, &manifest_name, VirtualFile::from_bytes(render(&sha)));
+        return Ok(tree);
+    }
+    let len = render(&"0".repeat(64)).len() as u64;
+    let pack_digest = Arc::new(pack_digest);
+    let manifest = {
+        let pack_digest = pack_digest.clone();
+        Arc::new(VirtualFile::lazy(len, move || Ok(render(&pack_digest()?))))
+    };
+    tree.add_file_arc(ROOT_INO, &manifest_name, manifest.clone());
+    let checkpoint = {
+        let pack = pack.clone();
+        let make = move |pack_sha256: &str, manifest_sha256: &str| -> Vec<u8> {
+            let mut text = pyjson::dumps(&pack.checkpoint(pack_sha256, manifest_sha256), &pyjson::Style::PRETTY_SORTED);
+            text.push('\n');
+            text.into_bytes()
+        };
+        let zero = "0".repeat(64);
+        let len = make(&zero, &zero).len() as u64;
+        VirtualFile::lazy(len, move || Ok(make(&pack_digest()?, &manifest.sha256()?)))
+    };
+    tree.add_file(ROOT_INO, &format!("{pack_name}.checkpoint.json"), checkpoint);
     Ok(tree)
+}
+
+/// What the manifest says about the source (kept instead of the source itself).
+#[derive(Debug, Clone)]
+pub struct ManifestSource {
+    path: String,
+    size: u64,
+    data_offset: u64,
+    tensors: Vec<crate::source::TensorInfo>,
+}
+
+impl ManifestSource {
+    pub fn of(source: &Source) -> Self {
+        ManifestSource {
+            path: source.files[0].path().to_string_lossy().into_owned(),
+            size: source.logical_size(),
+            data_offset: source.gguf().map(|m| m.headers[0].data_offset).unwrap_or(0),
+            tensors: source.tensors.clone(),
+        }
+    }
 }
 
 /// The seed's `inspect_pack` summary of any pack file.

@@ -320,7 +320,8 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, numa:
         let mut s = format!("{VIEW}-v1:{numa}:{}:", ex.decode);
         for f in &source.files {
             let id = f.identity();
-            s += &format!("{}:{}:{}:{}:{};", f.path().display(), id.device, id.inode, id.size, id.mtime_ns);
+            // Not the device number: see DigestStore (stores shared over a network filesystem).
+            s += &format!("{}:{}:{}:{}:{};", f.path().display(), id.inode, id.size, id.mtime_ns, id.ctime_ns);
         }
         digest::sha256_hex(s.as_bytes())
     };

@@ -353,6 +353,9 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
                 importance_rows.insert(t.name.clone(), src_row.clone());
             }
         }
+        for row in &manifest_rows {
+            f.want_digest(row.4, row.5); // the manifest's output_sha256
+        }
         let f = Arc::new(f);
         tree.add_file_arc(ROOT_INO, &out_name, f.clone());
 
@@ -389,7 +392,8 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
             h.update(format!("{VIEW}-v1:{out_name}:{recipe_json}:{importance}:").as_bytes());
             for (n, file, off, nb, _, ob) in &manifest_rows {
                 let id = file.identity();
-                h.update(format!("{n}:{}:{}:{}:{}:{off}:{nb}:{ob};", id.device, id.inode, id.size, id.mtime_ns).as_bytes());
+                // Not the device number: see DigestStore (stores shared over a network filesystem).
+                h.update(format!("{n}:{}:{}:{}:{}:{off}:{nb}:{ob};", id.inode, id.size, id.mtime_ns, id.ctime_ns).as_bytes());
             }
             digest::hex(&h.finalize())
         };

@@ -46,6 +46,12 @@ pub struct VirtualFile {
     /// (start offset, extent), sorted, contiguous, no empty extents.
     extents: Vec<(u64, Extent)>,
     size: u64,
+    /// Built from digests of other files (manifests): materialize writes it after them.
+    derived: bool,
+    /// Ranges whose sha256 a derived file needs (besides the whole file).
+    digest_ranges: Vec<(u64, u64)>,
+    /// Digests already known for (offset, len), recorded by whoever streamed those bytes.
+    known: parking_lot::Mutex<Vec<(u64, u64, String)>>,
 }
 
 impl VirtualFile {
@@ -149,11 +155,49 @@ impl VirtualFile {
     pub fn lazy(len: u64, build: impl Fn() -> Result<Vec<u8>, ViewError> + Send + Sync + 'static) -> VirtualFile {
         let mut f = VirtualFile::new();
         f.push(Extent::Computed { source: Arc::new(Lazy { len, build: Box::new(build), done: OnceLock::new() }), id: 0, len });
+        f.derived = true;
         f
     }
 
-    /// sha256 of `len` bytes at `offset`, read through `read_at` in large chunks.
+    /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).
+    pub fn is_derived(&self) -> bool {
+        self.derived
+    }
+
+    /// Declare that a derived file needs the sha256 of `len` bytes at `offset`, so that a
+    /// writer streaming this file can compute it on the way.
+    pub fn want_digest(&mut self, offset: u64, len: u64) {
+        self.digest_ranges.push((offset, len));
+    }
+
+    /// The ranges declared with [`VirtualFile::want_digest`], and the whole file.
+    pub fn digest_ranges(&self) -> Vec<(u64, u64)> {
+        let mut r = self.digest_ranges.clone();
+        r.push((0, self.size));
+        r.sort();
+        r.dedup();
+        r
+    }
+
+    /// Remember the sha256 of `len` bytes at `offset`, computed from bytes read through
+    /// this file (materialize does this while writing), so no second pass is needed.
+    pub fn record_digest(&self, offset: u64, len: u64, hex: String) {
+        let mut k = self.known.lock();
+        if !k.iter().any(|(o, l, _)| (*o, *l) == (offset, len)) {
+            k.push((offset, len, hex));
+        }
+    }
+
+    pub fn known_digest(&self, offset: u64, len: u64) -> Option<String> {
+        self.known.lock().iter().find(|(o, l, _)| (*o, *l) == (offset, len)).map(|(_, _, h)| h.clone())
+    }
+
+    /// sha256 of `len` bytes at `offset`: a recorded digest, else read through `read_at`
+    /// in large chunks.
     pub fn sha256_range(&self, offset: u64, len: u64) -> Result<String, ViewError> {
+        if let Some(h) = self.known_digest(offset, len) {
+            return Ok(h);
+        }
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 8 << 20];
         let mut done = 0u64;

@@ -1,0 +1,207 @@
+//! Writing bytes of a view to disk: the streaming core (read, write and hash overlap) and
+//! the durable whole-file writer built on it.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{io, FileResult, MaterializeError, Options};
+use crate::digest::RangeHasher;
+use crate::fsutil::{fsync_dir, write_atomic};
+use crate::view::VirtualFile;
+
+/// Bytes between fdatasyncs (and checkpoints) of a file being written.
+pub(super) const SYNC_EVERY: u64 = 256 << 20;
+
+/// Temporary and checkpoint names sit next to the final file (same directory, same filesystem).
+pub(super) fn partial_paths(out: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let p = Path::new(name);
+    let dir = out.join(p.parent().unwrap_or(Path::new("")));
+    let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    (dir.join(format!(".{file}.partial")), dir.join(format!(".{file}.partial.json")))
+}
+
+/// Ask the kernel to start writing back `len` bytes at `off` now, without waiting, so dirty
+/// pages do not pile up until the next fdatasync (which then has little left to do).
+fn start_writeback(f: &File, off: u64, len: u64) {
+    unsafe {
+        libc::sync_file_range(f.as_raw_fd(), off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Read `[start, end)` of `file` through the view and write it at the same offsets of `out`.
+/// Three stages overlap: this thread reads, one thread writes (fdatasync every
+/// [`SYNC_EVERY`] bytes, then `durable(end of durable bytes)`), one hashes, in order.
+/// `hasher` must be positioned at `start`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stream(
+    name: &str,
+    file: &VirtualFile,
+    out: &File,
+    out_path: &Path,
+    (start, end): (u64, u64),
+    chunk: usize,
+    mut hasher: RangeHasher,
+    done: &AtomicU64,
+    durable: &(dyn Fn(u64) -> Result<(), MaterializeError> + Sync),
+) -> Result<RangeHasher, MaterializeError> {
+    debug_assert_eq!(hasher.position(), start);
+    let chunk = chunk.max(4096);
+    let sync_each = std::env::var_os("XPACKFS_TEST_SYNC_EVERY_CHUNK").is_some();
+    let (wtx, wrx) = sync_channel::<(u64, Arc<Vec<u8>>)>(4);
+    let (htx, hrx) = sync_channel::<Arc<Vec<u8>>>(4);
+    std::thread::scope(|s| {
+        let hashing = s.spawn(move || {
+            for b in hrx {
+                hasher.update(&b[..]);
+            }
+            hasher
+        });
+        let writing = s.spawn(move || -> Result<(), MaterializeError> {
+            let mut since_sync = 0u64;
+            for (off, b) in wrx {
+                out.write_all_at(&b, off).map_err(io(out_path))?;
+                start_writeback(out, off, b.len() as u64);
+                since_sync += b.len() as u64;
+                if since_sync >= SYNC_EVERY || sync_each {
+                    out.sync_data().map_err(io(out_path))?;
+                    durable(off + b.len() as u64)?;
+                    since_sync = 0;
+                }
+            }
+            Ok(())
+        });
+        let mut off = start;
+        let mut read_err = None;
+        while off < end {
+            let want = ((end - off) as usize).min(chunk);
+            let mut buf = vec![0u8; want];
+            match file.read_at(off, &mut buf) {
+                Ok(0) => {
+                    read_err = Some(MaterializeError::Refused(format!("{name}: view ended at {off} of {end} bytes")));
+                    break;
+                }
+                Ok(n) => {
+                    buf.truncate(n);
+                    let b = Arc::new(buf);
+                    if wtx.send((off, b.clone())).is_err() || htx.send(b).is_err() {
+                        break; // the writer failed: its error is reported below
+                    }
+                    off += n as u64;
+                    done.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    read_err = Some(MaterializeError::View { name: name.into(), source: e });
+                    break;
+                }
+            }
+        }
+        drop(wtx);
+        drop(htx);
+        let written = writing.join().map_err(|_| MaterializeError::Refused(format!("{name}: writer thread panicked")))?;
+        let hasher = hashing.join().map_err(|_| MaterializeError::Refused(format!("{name}: hasher thread panicked")))?;
+        written?;
+        match read_err {
+            Some(e) => Err(e),
+            None => Ok(hasher),
+        }
+    })
+}
+
+/// Feed `len` bytes of `f` at `start` into `hasher` (re-hashing what is already on disk).
+pub(super) fn hash_file_range(f: &File, path: &Path, start: u64, len: u64, hasher: &mut RangeHasher) -> Result<(), MaterializeError> {
+    let mut buf = vec![0u8; 8 << 20];
+    let mut off = start;
+    while off < start + len {
+        let n = (start + len - off).min(buf.len() as u64) as usize;
+        f.read_exact_at(&mut buf[..n], off).map_err(io(path))?;
+        hasher.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(())
+}
+
+/// Record in the view what was hashed while streaming a whole file: the derived files
+/// (manifests) then take these digests instead of reading the file again.
+pub(super) fn record(file: &VirtualFile, whole: &str, ranges: &[(u64, u64, String)]) {
+    file.record_digest(0, file.size(), whole.to_string());
+    for (o, l, h) in ranges {
+        file.record_digest(*o, *l, h.clone());
+    }
+}
+
+/// Write one whole file durably: `.<name>.partial` with a checkpoint of the bytes made
+/// durable, then fsync, rename into place and fsync the directory. With `opts.resume` a
+/// partial file continues from its checkpoint, and a completed file is re-hashed, not rewritten.
+pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &AtomicU64) -> Result<FileResult, MaterializeError> {
+    let final_path = out.join(name);
+    let (partial, ckpt) = partial_paths(out, name);
+    let parent = final_path.parent().unwrap_or(out).to_path_buf();
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let size = file.size();
+    let wanted = file.digest_ranges();
+    if final_path.exists() && opts.resume && !opts.replace {
+        let f = File::open(&final_path).map_err(io(&final_path))?;
+        let len = f.metadata().map_err(io(&final_path))?.len();
+        // A completed manifest is kept as the run that completed it wrote it (it records that
+        // run's command and times); `--verify` checks its digests against the data files.
+        if len != size && !file.is_derived() {
+            return Err(MaterializeError::Refused(format!("{}: completed file has {len} bytes, the view {size}", final_path.display())));
+        }
+        let mut hasher = RangeHasher::new(0, len, &wanted);
+        hash_file_range(&f, &final_path, 0, len, &mut hasher)?;
+        done.fetch_add(len, Ordering::Relaxed);
+        let (sha, ranges) = hasher.finish();
+        if !file.is_derived() {
+            record(file, &sha, &ranges);
+        }
+        return Ok(FileResult { name: name.into(), size: len, sha256: sha, resumed_from: len, skipped: true, ranges });
+    }
+    let mut hasher = RangeHasher::new(0, size, &wanted);
+    let mut start = 0u64;
+    let f = if opts.resume && partial.exists() {
+        let written: u64 = std::fs::read(&ckpt)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["durable_bytes"].as_u64())
+            .unwrap_or(0)
+            .min(size);
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&partial).map_err(io(&partial))?;
+        // Re-hash the durable prefix once; whatever follows it is rewritten.
+        hash_file_range(&f, &partial, 0, written, &mut hasher)?;
+        f.set_len(written).map_err(io(&partial))?;
+        start = written;
+        f
+    } else {
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&partial).map_err(io(&partial))?
+    };
+    done.fetch_add(start, Ordering::Relaxed);
+    let checkpoint = |durable: u64| write_atomic(&ckpt, json!({"durable_bytes": durable, "size": size}).to_string().as_bytes()).map_err(io(&ckpt));
+    let hasher = stream(name, file, &f, &partial, (start, size), opts.chunk, hasher, done, &checkpoint)?;
+    f.sync_all().map_err(io(&partial))?;
+    drop(f);
+    if final_path.exists() && !opts.replace {
+        return Err(MaterializeError::Refused(format!("{} already exists (use --replace)", final_path.display())));
+    }
+    std::fs::rename(&partial, &final_path).map_err(io(&final_path))?;
+    let _ = std::fs::remove_file(&ckpt);
+    fsync_dir(&parent).map_err(io(&parent))?;
+    let (sha, ranges) = hasher.finish();
+    record(file, &sha, &ranges);
+    Ok(FileResult { name: name.into(), size, sha256: sha, resumed_from: start, skipped: false, ranges })
+}
+
+/// sha256 of a file on disk.
+pub(super) fn hash_disk(path: &Path) -> Result<String, MaterializeError> {
+    let f = File::open(path).map_err(io(path))?;
+    let len = f.metadata().map_err(io(path))?.len();
+    let mut h = RangeHasher::new(0, len, &[]);
+    hash_file_range(&f, path, 0, len, &mut h)?;
+    Ok(h.finish().0)
+}
