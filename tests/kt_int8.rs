@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -193,9 +194,22 @@ fn existing_trees_mount_read_only_after_validation() {
     let dir = tempfile::tempdir().unwrap();
     let tree = dir.path().join("tree");
     materialize_tree(&sample(), &tree, "view=kt-int8,numa_count=2,digest_store=none");
-    let m = Mount::new(&tree, &["verify_hashes"]);
+    let log = dir.path().join("daemon.log");
+    let m = Mount::new(&tree, &["verify_hashes", &format!("log_file={}", log.display())]);
     let out = seed_validate(&m.mountpoint, &EXPECT, true);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // mmap works on passthrough files too.
+    let probe = "_layer_1/_numa_0/INT8_gate_2_16384Byte_quant_.kt";
+    let mapped = {
+        let f = std::fs::File::open(m.path(probe)).unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&f), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let v = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
+        unsafe { libc::munmap(p, len) };
+        v
+    };
+    assert!(mapped == std::fs::read(tree.join(probe)).unwrap());
     // A file changed underneath (in place, same size) is EIO, not new bytes. (The validator
     // above read it through the mount: drop those cached pages first, or the kernel serves
     // the old, validated bytes without asking the daemon.)
@@ -213,8 +227,40 @@ fn existing_trees_mount_read_only_after_validation() {
     }
     assert!(std::fs::read(m.path("_layer_0/_numa_0/INT8_up_1_16384Byte_quant_.kt")).is_ok());
     m.unmount();
+    // This kernel (6.9+) and root: every file was served by FUSE passthrough, no read went
+    // through the daemon.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text.lines().find(|l| l.contains("opens served by the kernel")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("; 0 reads through the daemon") && !line.contains("passthrough: 0 opens"), "{line}");
     // An invalid tree refuses to mount, with the validator's reason.
     std::fs::write(tree.join("stray"), b"x").unwrap();
     let err = Mount::try_new(&tree, &[]).err().expect("mounted an invalid tree");
     assert!(String::from_utf8_lossy(&err.stderr).contains("root entries differ from its manifest: extra=['stray']"));
+}
+
+/// Without passthrough (`passthrough=off`, or where the kernel lacks it) every read goes
+/// through the daemon, which checks the file after each read: a file changed in place while
+/// it is open gives EIO on the next read, never the new bytes.
+#[test]
+fn without_passthrough_a_file_changed_while_open_reads_eio() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    materialize_tree(&sample(), &tree, "view=kt-int8,numa_count=2,digest_store=none");
+    let log = dir.path().join("daemon.log");
+    let m = Mount::new(&tree, &["passthrough=off", &format!("log_file={}", log.display())]);
+    let victim = "_layer_0/_numa_1/INT8_down_3_16384Byte_quant_.kt";
+    let f = std::fs::File::open(m.path(victim)).unwrap();
+    let mut head = [0u8; 4096];
+    f.read_exact_at(&mut head, 0).unwrap();
+    unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let mut b = std::fs::read(tree.join(victim)).unwrap();
+    b[8192] ^= 0xFF;
+    std::fs::write(tree.join(victim), &b).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let err = f.read_exact_at(&mut buf, 8192).expect_err("changed bytes were served");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    drop(f);
+    m.unmount();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("passthrough: 0 opens") && text.contains("modified in place"), "{text}");
 }

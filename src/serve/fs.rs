@@ -184,6 +184,17 @@ impl Fs {
         }
     }
 
+    /// For a file that is a whole source file: that file, checked now to be unchanged (so a
+    /// FUSE passthrough open hands the kernel only the inode that was validated, unchanged).
+    /// `Ok(None)` for every other file.
+    pub fn passthrough_source(&self, ino: Ino) -> Result<Option<Arc<crate::source::SourceFile>>, FsError> {
+        let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
+        let NodeKind::File(f) = &node.kind else { return Ok(None) };
+        let Some(src) = f.whole_source() else { return Ok(None) };
+        src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
+        Ok(Some(src.clone()))
+    }
+
     /// Read into `buf`; returns the byte count (short only at end of file).
     pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;

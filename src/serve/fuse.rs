@@ -1,14 +1,18 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
 //! errno. No filesystem logic lives here.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, Request,
 };
+use parking_lot::Mutex;
 
 use super::fs::{Attr, Fs, FsError, Kind};
 
@@ -18,6 +22,36 @@ const TTL: Duration = Duration::from_secs(3600);
 pub struct FuseAdapter {
     pub fs: Arc<Fs>,
     pub max_read: u32,
+    pub passthrough: Arc<Passthrough>,
+}
+
+/// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are
+/// opened with the source as backing file, and the kernel serves their reads and mmaps
+/// itself. One backing id per inode, shared by its open handles, closed with the last one.
+#[derive(Default)]
+pub struct Passthrough {
+    /// Asked for (`passthrough=auto`), then cleared if the kernel or our privileges say no.
+    enabled: AtomicBool,
+    by_inode: Mutex<HashMap<u64, Weak<BackingId>>>,
+    by_handle: Mutex<HashMap<u64, Arc<BackingId>>>,
+    next_fh: AtomicU64,
+    pub opens: AtomicU64,
+}
+
+impl Passthrough {
+    pub fn new(wanted: bool) -> Self {
+        Passthrough { enabled: AtomicBool::new(wanted), next_fh: AtomicU64::new(1), ..Default::default() }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    fn disable(&self, why: &str) {
+        if self.enabled.swap(false, Ordering::Relaxed) {
+            tracing::warn!("FUSE passthrough unavailable ({why}): reads go through the daemon");
+        }
+    }
 }
 
 fn to_fuse(a: Attr) -> FileAttr {
@@ -56,6 +90,19 @@ fn log_err(op: &str, e: &FsError) {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.passthrough.is_enabled() {
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                // Backing files may themselves be on a stacked filesystem (overlayfs).
+                Ok(()) => {
+                    if config.set_max_stack_depth(2).is_err() && config.set_max_stack_depth(1).is_err() {
+                        self.passthrough.disable("the kernel refused a stacking depth");
+                    } else {
+                        tracing::info!("FUSE passthrough negotiated: whole source files are served by the kernel");
+                    }
+                }
+                Err(_) => self.passthrough.disable("the kernel does not offer it"),
+            }
+        }
         if let Err(max) = config.set_max_readahead(self.max_read) {
             let _ = config.set_max_readahead(max);
         }
@@ -88,6 +135,37 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.passthrough.is_enabled() && self.fs.open(ino.0, flags.0).is_ok() {
+            match self.fs.passthrough_source(ino.0) {
+                Ok(Some(source)) => {
+                    let pt = &self.passthrough;
+                    let mut by_inode = pt.by_inode.lock();
+                    let id = match by_inode.get(&ino.0).and_then(Weak::upgrade) {
+                        Some(id) => Ok(id),
+                        None => reply.open_backing(source.file()).map(Arc::new),
+                    };
+                    match id {
+                        Ok(id) => {
+                            by_inode.insert(ino.0, Arc::downgrade(&id));
+                            drop(by_inode);
+                            let fh = pt.next_fh.fetch_add(1, Ordering::Relaxed);
+                            if pt.opens.fetch_add(1, Ordering::Relaxed) == 0 {
+                                tracing::info!("passthrough: first open served from its backing file ({})", source.path().display());
+                            }
+                            reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                            pt.by_handle.lock().insert(fh, id);
+                            return;
+                        }
+                        Err(e) => pt.disable(&format!("backing file registration failed: {e}")),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    log_err("open", &e);
+                    return reply.error(errno(&e));
+                }
+            }
+        }
         match self.fs.open(ino.0, flags.0) {
             // Status files are generated per read: no page cache.
             Ok(()) if self.fs.is_dynamic(ino.0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
@@ -126,6 +204,42 @@ impl Filesystem for FuseAdapter {
                 reply.error(Errno::EIO)
             }
         }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // The last handle of an inode closes its backing id.
+        self.passthrough.by_handle.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    /// Nothing is buffered for writing: nothing to flush.
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    /// No ioctls (isatty probes get the answer a regular file gives).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -17,6 +17,7 @@ pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("w3", true, "requant: ggml type for up (w3) experts: IQ2_XXS (default), Q2_K, Q8_0"),
     ("numa_count", true, "kt-int8: NUMA parts (kt-kernel threadpool count), default 1"),
     ("verify_hashes", false, "INT8 tree mounts: hash every file while validating the tree before mounting"),
+    ("passthrough", true, "auto|off: files that are whole source files (INT8 tree mounts) are read by the kernel straight from the source with FUSE passthrough (kernel 6.9+, root); auto (default) falls back to reads through the daemon where unavailable"),
     ("stats", true, "on|off: /.xpackfs/stats.json (default on; off for kt-int8 views and INT8 trees, whose root must hold nothing else)"),
     ("cache_mb", true, "byte budget of the computed-chunk cache in MiB (default 1024)"),
     ("name", true, "file name stem of the pack (default: the source's stem)"),
@@ -58,6 +59,7 @@ pub struct MountOptions {
     pub numa_count: usize,
     pub verify_hashes: bool,
     pub stats: Option<bool>,
+    pub passthrough: bool,
     pub pack: PackOptions,
     pub digest_store: Option<String>,
     pub threads: usize,
@@ -81,6 +83,7 @@ impl Default for MountOptions {
             numa_count: 1,
             verify_hashes: false,
             stats: None,
+            passthrough: true,
             pack: PackOptions::default(),
             digest_store: None,
             threads: 8,
@@ -151,6 +154,13 @@ impl MountOptions {
                     "off" | "false" | "0" => false,
                     _ => return Err(format!("option stats: {v:?} is not on or off")),
                 })
+            }
+            "passthrough" => {
+                self.passthrough = match v {
+                    "auto" | "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("option passthrough: {v:?} is not auto or off")),
+                }
             }
             "cache_mb" => {
                 self.cache_mb = num(key, v)?;

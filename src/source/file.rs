@@ -92,6 +92,19 @@ impl SourceFile {
         }
     }
 
+    /// Check now (not rate-limited) that the file is unchanged and its path still names it.
+    pub fn check_now(&self) -> Result<(), SourceError> {
+        self.check_unchanged()?;
+        self.path_checked_ms.store(0, Ordering::Relaxed);
+        self.check_path()
+    }
+
+    /// The open file (the inode checked at open), e.g. to hand to the kernel as a FUSE
+    /// passthrough backing file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Check that the open file still has the identity it had when opened.
     pub fn check_unchanged(&self) -> Result<(), SourceError> {
         let meta = self.file.metadata().map_err(|e| SourceError::Io { path: self.path.clone(), source: e })?;

@@ -1,8 +1,16 @@
 //! Read-only mounts of existing kt-kernel INT8 trees. The tree is validated first (the same
-//! rules as `validate-int8`; an invalid tree is refused with the validator's message), then
-//! every file is served from its source through `SourceFile::read_exact_at`, which checks the
-//! file's identity after each read: a file changed underneath gives EIO, never new bytes.
-//! (FUSE passthrough is not used yet: reads go through the daemon.)
+//! rules as `validate-int8`; an invalid tree is refused with the validator's message), and
+//! every file is the whole source file, held open since validation.
+//!
+//! With FUSE passthrough (kernel 6.9+, root; `passthrough=auto`, the default) an open checks
+//! the file (identity of the held descriptor, and that its path still names it) and hands
+//! the kernel that descriptor: reads and mmaps then run at the source filesystem's speed
+//! without the daemon. A file changed before an open gives EIO at the open; a file replaced
+//! by a rename keeps serving the validated original. What passthrough cannot do is stop a
+//! handle that is already open from seeing a later in-place write to the same inode.
+//! Without passthrough (`passthrough=off`, or where unavailable) every read goes through
+//! `SourceFile::read_exact_at`, which checks the file after each read: EIO, never new bytes,
+//! even on handles opened before the change.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -159,6 +159,14 @@ impl VirtualFile {
         f
     }
 
+    /// The source file this file is, whole and unchanged (one extent covering all of it).
+    pub fn whole_source(&self) -> Option<&Arc<SourceFile>> {
+        match self.extents.as_slice() {
+            [(0, Extent::Source { file, offset: 0, len })] if *len == file.size() => Some(file),
+            _ => None,
+        }
+    }
+
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).
     pub fn is_derived(&self) -> bool {
         self.derived
