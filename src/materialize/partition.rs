@@ -376,8 +376,7 @@ fn assemble(out: &Path, name: &str, size: u64, file: &VirtualFile, records: &[Pi
         while off < r.offset + r.len {
             let n = (r.offset + r.len - off).min(buf.len() as u64) as usize;
             std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf[..n], off).map_err(io(&path))?;
-            whole.update(&buf[..n]);
-            piece.update(&buf[..n]);
+            rayon::join(|| whole.update(&buf[..n]), || piece.update(&buf[..n]));
             off += n as u64;
             done.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         }

@@ -36,9 +36,11 @@ fn start_writeback(f: &File, off: u64, len: u64) {
 }
 
 /// Read `[start, end)` of `file` through the view and write it at the same offsets of `out`.
-/// Three stages overlap: this thread reads, one thread writes (fdatasync every
-/// [`SYNC_EVERY`] bytes, then `durable(end of durable bytes)`), one hashes, in order.
-/// `hasher` must be positioned at `start`.
+/// Four stages overlap: this thread reads, one thread writes (asking the kernel to start
+/// writeback of each chunk at once), one makes the writes durable every [`SYNC_EVERY`] bytes
+/// (fdatasync, then `durable(bytes known written before it)`) without stalling the writer,
+/// and one hashes, in order. Buffers circulate through a small pool (fresh 8 MiB buffers
+/// would cost a page fault per 4 KiB). `hasher` must be positioned at `start`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stream(
     name: &str,
@@ -53,35 +55,67 @@ pub(super) fn stream(
 ) -> Result<RangeHasher, MaterializeError> {
     debug_assert_eq!(hasher.position(), start);
     let chunk = chunk.max(4096);
+    // Test hook: a synchronous sync and checkpoint after every chunk (dense kill points).
     let sync_each = std::env::var_os("XPACKFS_TEST_SYNC_EVERY_CHUNK").is_some();
     let (wtx, wrx) = sync_channel::<(u64, Arc<Vec<u8>>)>(4);
     let (htx, hrx) = sync_channel::<Arc<Vec<u8>>>(4);
+    let (stx, srx) = sync_channel::<u64>(1);
+    let (pool_tx, pool_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let recycle = move |pool: &std::sync::mpsc::Sender<Vec<u8>>, b: Arc<Vec<u8>>| {
+        if let Ok(v) = Arc::try_unwrap(b) {
+            let _ = pool.send(v);
+        }
+    };
     std::thread::scope(|s| {
-        let hashing = s.spawn(move || {
-            for b in hrx {
-                hasher.update(&b[..]);
-            }
-            hasher
-        });
-        let writing = s.spawn(move || -> Result<(), MaterializeError> {
-            let mut since_sync = 0u64;
-            for (off, b) in wrx {
-                out.write_all_at(&b, off).map_err(io(out_path))?;
-                start_writeback(out, off, b.len() as u64);
-                since_sync += b.len() as u64;
-                if since_sync >= SYNC_EVERY || sync_each {
-                    out.sync_data().map_err(io(out_path))?;
-                    durable(off + b.len() as u64)?;
-                    since_sync = 0;
+        let hashing = {
+            let pool = pool_tx.clone();
+            s.spawn(move || {
+                for b in hrx {
+                    hasher.update(&b[..]);
+                    recycle(&pool, b);
                 }
+                hasher
+            })
+        };
+        let syncing = s.spawn(move || -> Result<(), MaterializeError> {
+            for upto in srx {
+                out.sync_data().map_err(io(out_path))?;
+                durable(upto)?;
             }
             Ok(())
         });
+        let writing = {
+            let pool = pool_tx.clone();
+            s.spawn(move || -> Result<(), MaterializeError> {
+                let mut since_sync = 0u64;
+                for (off, b) in wrx {
+                    out.write_all_at(&b, off).map_err(io(out_path))?;
+                    start_writeback(out, off, b.len() as u64);
+                    let upto = off + b.len() as u64;
+                    since_sync += b.len() as u64;
+                    recycle(&pool, b);
+                    if sync_each {
+                        out.sync_data().map_err(io(out_path))?;
+                        durable(upto)?;
+                    } else if since_sync >= SYNC_EVERY {
+                        // Skipped while the previous sync is still running; the next one covers it.
+                        match stx.try_send(upto) {
+                            Ok(()) => since_sync = 0,
+                            Err(std::sync::mpsc::TrySendError::Full(_)) => {}
+                            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => break, // the syncer failed
+                        }
+                    }
+                }
+                Ok(())
+            })
+        };
+        drop(pool_tx);
         let mut off = start;
         let mut read_err = None;
         while off < end {
             let want = ((end - off) as usize).min(chunk);
-            let mut buf = vec![0u8; want];
+            let mut buf = pool_rx.try_recv().unwrap_or_default();
+            buf.resize(want, 0);
             match file.read_at(off, &mut buf) {
                 Ok(0) => {
                     read_err = Some(MaterializeError::Refused(format!("{name}: view ended at {off} of {end} bytes")));
@@ -104,9 +138,12 @@ pub(super) fn stream(
         }
         drop(wtx);
         drop(htx);
-        let written = writing.join().map_err(|_| MaterializeError::Refused(format!("{name}: writer thread panicked")))?;
-        let hasher = hashing.join().map_err(|_| MaterializeError::Refused(format!("{name}: hasher thread panicked")))?;
+        let panicked = |what: &str| MaterializeError::Refused(format!("{name}: {what} thread panicked"));
+        let written = writing.join().map_err(|_| panicked("writer"))?;
+        let synced = syncing.join().map_err(|_| panicked("sync"))?;
+        let hasher = hashing.join().map_err(|_| panicked("hasher"))?;
         written?;
+        synced?;
         match read_err {
             Some(e) => Err(e),
             None => Ok(hasher),
