@@ -127,24 +127,6 @@ fn refuses_to_overwrite_and_detects_a_changed_source_across_resume() {
     assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains("already exists"));
 }
 
-/// Every file of `dir` (names relative to it, hidden ones included), sorted.
-fn tree_files(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else {
-                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
-            }
-        }
-    }
-    let mut v = Vec::new();
-    walk(dir, dir, &mut v);
-    v.sort();
-    v
-}
-
 fn stderr(r: &std::process::Output) -> String {
     String::from_utf8_lossy(&r.stderr).into_owned()
 }

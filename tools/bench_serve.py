@@ -3,13 +3,17 @@
 in one run: `pread` of the pack materialized on disk (page-cached), and a minimal FUSE
 passthrough daemon (examples/minipass.rs) serving that file: the FUSE transport alone.
 
-    python3 tools/bench_serve.py [--workdir /tmp/xpackfs-bench] [--read-ahead-kb 4096]
+    python3 tools/bench_serve.py [--rounds 3] [--full-size /tmp/flash.gguf] [--no-computed]
 
 Patterns: 1 MiB sequential reads; SGLang's loader (each object read as 4 ranges by a pool
 of 4 threads, buffered and O_DIRECT); whole objects in random order; mmap page-touch.
 Cold = the target file's pages dropped with POSIX_FADV_DONTNEED first (the source stays in
 the page cache); warm = read again. Prints MB/s and the ratios xpackfs/minipass and
-xpackfs/source. Also: mount start-up time and daemon RSS.
+xpackfs/source (medians of --rounds runs, the three targets interleaved). Then: cold
+sequential reads by mount readahead (both FUSE mounts), xpackfs levers (threads, clone_fd,
+max_read), mount start-up time and daemon RSS (also for a full-size sparse GGUF with
+--full-size), and the computed views against their peers (tools/bench_bf16.py,
+bench_int8.py, and bench_requant.py when XPACKFS_GGML_LIB is set).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import json
 import mmap
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -122,12 +127,70 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def set_read_ahead(mnt: Path, kb: int) -> None:
+    dev = next(l.split()[2] for l in open("/proc/self/mountinfo") if l.split()[4] == str(mnt))
+    Path(f"/sys/class/bdi/{dev}/read_ahead_kb").write_text(str(kb))
+
+
+class Mounts:
+    """The two FUSE peers: xpackfs (remountable with other options) and minipass."""
+
+    def __init__(self, a, src: Path, pack_file: Path, store: Path):
+        self.a, self.src, self.pack_file, self.store = a, src, pack_file, store
+        self.mx, self.mm = a.workdir / "mnt-xpackfs", a.workdir / "mnt-minipass"
+        for m in (self.mx, self.mm):
+            m.mkdir(exist_ok=True)
+            subprocess.run(["umount", str(m)], stderr=subprocess.DEVNULL)
+        self.mp = None
+
+    def xpackfs(self, extra: str = "") -> float:
+        subprocess.run(["umount", str(self.mx)], stderr=subprocess.DEVNULL)
+        t0 = time.perf_counter()
+        subprocess.run([self.a.xpackfs, "mount", str(self.src), str(self.mx), "-o", f"digest_store={self.store}{extra}"],
+                       check=True, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t0
+
+    def xpid(self) -> int:
+        return int(subprocess.run(["pgrep", "-f", f"xpackfs mount {self.src} {self.mx}"], capture_output=True,
+                                  text=True).stdout.split()[0])
+
+    def minipass(self) -> None:
+        self.mp = subprocess.Popen([self.a.minipass, str(self.pack_file), str(self.mm)], stderr=subprocess.DEVNULL)
+        wait_mounted(self.mm)
+
+    def close(self) -> None:
+        subprocess.run(["umount", str(self.mx)], stderr=subprocess.DEVNULL)
+        subprocess.run(["umount", str(self.mm)], stderr=subprocess.DEVNULL)
+        if self.mp:
+            self.mp.wait(timeout=10)
+
+
+def measure(fn, path: Path, layout, cold: bool) -> float:
+    if cold:
+        drop(path)
+    t0 = time.perf_counter()
+    n = fn(path, layout)
+    return n / (time.perf_counter() - t0) / 1e6
+
+
+def median_rates(targets: dict, fn, layout, cold: bool, rounds: int) -> dict:
+    """MB/s per target, median of `rounds`, the targets interleaved within each round."""
+    got = {t: [] for t in targets}
+    for _ in range(rounds):
+        for t, path in targets.items():
+            got[t].append(measure(fn, path, layout, cold and t != "source"))
+    return {t: statistics.median(v) for t, v in got.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/xpackfs-bench"))
-    ap.add_argument("--read-ahead-kb", type=int, default=0, help="also set for both FUSE mounts")
+    ap.add_argument("--rounds", type=int, default=3, help="each figure is the median of this many runs")
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     ap.add_argument("--minipass", default=str(REPO / "target/release/examples/minipass"))
+    ap.add_argument("--full-size", type=Path, default=None,
+                    help="a full-size sparse GGUF (tools/make_sparse_v4_flash.py) for start-up time and RSS")
+    ap.add_argument("--no-computed", action="store_true", help="skip the computed views")
     a = ap.parse_args()
     src = bench_gguf(a.workdir)
     store = a.workdir / "digests"
@@ -140,48 +203,97 @@ def main() -> int:
     manifest = json.loads((mat / "bench-8x32x2048x1536.pack.manifest.json").read_text())
     layout = {"objects": manifest["object_count"], "data_start": manifest["data_start"],
               "stride": manifest["object_stride"], "payload": manifest["object_payload_bytes"]}
-    m1, m2 = a.workdir / "mnt-xpackfs", a.workdir / "mnt-minipass"
-    for m in (m1, m2):
-        m.mkdir(exist_ok=True)
-        subprocess.run(["umount", str(m)], stderr=subprocess.DEVNULL)
-    xo = opts + (f",read_ahead_kb={a.read_ahead_kb}" if a.read_ahead_kb else "")
-    t0 = time.perf_counter()
-    subprocess.run([a.xpackfs, "mount", str(src), str(m1), "-o", xo], check=True, stderr=subprocess.DEVNULL)
-    startup = time.perf_counter() - t0
-    mp = subprocess.Popen([a.minipass, str(pack_file), str(m2)], stderr=subprocess.DEVNULL)
-    wait_mounted(m2)
-    if a.read_ahead_kb:
-        dev = next(l.split()[2] for l in open("/proc/self/mountinfo") if l.split()[4] == str(m2))
-        Path(f"/sys/class/bdi/{dev}/read_ahead_kb").write_text(str(a.read_ahead_kb))
-    xpid = int(subprocess.run(["pgrep", "-f", f"xpackfs mount {src}"], capture_output=True, text=True).stdout.split()[0])
-    targets = {"source": pack_file, "minipass": m2 / "file", "xpackfs": m1 / pack_file.name}
+    m = Mounts(a, src, pack_file, store)
+    m.xpackfs()  # fills the digest store if needed
+    startup = m.xpackfs()
+    m.minipass()
+    targets = {"source": pack_file, "minipass": m.mm / "file", "xpackfs": m.mx / pack_file.name}
     seq(pack_file, layout)  # both sources in the page cache: the file minipass serves,
     subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # and the GGUF xpackfs reads
-    rows = []
+    rows, ra_rows, lever_rows = [], [], []
     try:
         for name, fn in PATTERNS:
             for state in ("cold", "warm"):
-                res = {}
-                for t, path in targets.items():
-                    if state == "cold" and t != "source":
-                        drop(path)
-                    t0 = time.perf_counter()
-                    n = fn(path, layout)
-                    res[t] = n / (time.perf_counter() - t0) / 1e6
-                rows.append((name, state, res))
-        rss = rss_kb(xpid)
+                rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds)))
+        rss = rss_kb(m.xpid())
+        # Readahead of the mount (root may set it in /sys/class/bdi): cold 1 MiB sequential.
+        fuse = {k: v for k, v in targets.items() if k != "source"}
+        for kb in (128, 1024, 4096, 16384):
+            set_read_ahead(m.mx, kb)
+            set_read_ahead(m.mm, kb)
+            ra_rows.append((kb, median_rates(fuse, seq, layout, True, a.rounds)))
+        set_read_ahead(m.mm, 128)
+        # Other levers, on xpackfs alone (default readahead), against its default settings.
+        only_x = {"xpackfs": targets["xpackfs"]}
+        for label, extra in [("default (8 threads, clone_fd)", ""), ("threads=1", ",threads=1"), ("threads=2", ",threads=2"),
+                             ("threads=32", ",threads=32"), ("clone_fd=off", ",clone_fd=off"),
+                             ("max_read=131072", ",max_read=131072")]:
+            m.xpackfs(extra)
+            r = {pat: median_rates(only_x, fn, layout, True, a.rounds)["xpackfs"]
+                 for pat, fn in PATTERNS if pat in ("seq 1MiB", "sglang 4x", "random objects")}
+            lever_rows.append((label, r))
     finally:
-        subprocess.run(["umount", str(m1)])
-        subprocess.run(["umount", str(m2)])
-        mp.wait(timeout=10)
-    print(f"pack {pack_file.stat().st_size / 1e9:.2f} GB, {layout['objects']} objects of {layout['payload'] / 1e6:.1f} MB"
-          + (f", read_ahead_kb={a.read_ahead_kb}" if a.read_ahead_kb else ", default readahead"))
+        m.close()
+
+    print(f"pack {pack_file.stat().st_size / 1e9:.2f} GB, {layout['objects']} objects of {layout['payload'] / 1e6:.1f} MB; "
+          f"medians of {a.rounds} runs; default readahead (128 KiB)")
     print(f"{'pattern':<16} {'state':<5} {'source':>8} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/source':>9}  (MB/s)")
     for name, state, r in rows:
         print(f"{name:<16} {state:<5} {r['source']:>8.0f} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} "
               f"{r['xpackfs'] / r['minipass']:>11.2f} {r['xpackfs'] / r['source']:>9.2f}")
-    print(f"xpackfs mount start-up (digests remembered): {startup:.3f} s; daemon RSS after the run: {rss / 1024:.0f} MiB")
+    base = ra_rows[0][1]["minipass"]
+    print("\ncold 1 MiB sequential by mount readahead (read_ahead_kb, both FUSE mounts)")
+    print(f"{'read_ahead_kb':>13} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/minipass@128':>15}")
+    for kb, r in ra_rows:
+        print(f"{kb:>13} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} {r['xpackfs'] / r['minipass']:>11.2f} {r['xpackfs'] / base:>15.2f}")
+    print("\nxpackfs levers, cold (MB/s; ratio to the default settings)")
+    d = lever_rows[0][1]
+    print(f"{'setting':<32} " + " ".join(f"{p:>22}" for p in d))
+    for label, r in lever_rows:
+        print(f"{label:<32} " + " ".join(f"{r[p]:>13.0f} ({r[p] / d[p]:4.2f}x)" for p in d))
+    print(f"\nxpackfs mount start-up (digests remembered): {startup:.3f} s; daemon RSS after the run: {rss / 1024:.0f} MiB")
+    if a.full_size:
+        full_size(a, a.full_size)
+    if not a.no_computed:
+        computed_views(a)
     return 0
+
+
+def full_size(a, path: Path) -> None:
+    """Start-up and RSS for a full-size sparse GGUF (headers only are read; digests remembered
+    in a store kept next to it: the first run hashes the sparse file once)."""
+    store = Path(str(path) + ".digests")
+    mnt = a.workdir / "mnt-full"
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["umount", str(mnt)], stderr=subprocess.DEVNULL)
+    o = f"digest_store={store}"
+    subprocess.run([a.xpackfs, "mount", str(path), str(mnt), "-o", o], check=True, stderr=subprocess.DEVNULL)
+    subprocess.run(["umount", str(mnt)], check=True)
+    subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=True)
+    t0 = time.perf_counter()
+    subprocess.run([a.xpackfs, "mount", str(path), str(mnt), "-o", o], check=True, stderr=subprocess.DEVNULL)
+    t = time.perf_counter() - t0
+    pid = int(subprocess.run(["pgrep", "-f", f"xpackfs mount {path} {mnt}"], capture_output=True, text=True).stdout.split()[0])
+    rss = rss_kb(pid)
+    files = {p.name: p.stat().st_size for p in mnt.iterdir()}
+    subprocess.run(["umount", str(mnt)], check=True)
+    print(f"full-size {path.name} ({path.stat().st_size / 1e9:.0f} GB sparse): start-up {t:.3f} s with a cold page cache, "
+          f"daemon RSS {rss / 1024:.0f} MiB; serves {files}")
+
+
+def computed_views(a) -> None:
+    """The computed views against their peers, cold and warm (each tool prints its own lines)."""
+    print("\ncomputed views (same cores; peers: numpy implementations of the same conversion, the fourth seed)")
+    runs = [["tools/bench_bf16.py"], ["tools/bench_int8.py"]]
+    if os.environ.get("XPACKFS_GGML_LIB"):
+        runs.append(["tools/bench_requant.py"])
+    else:
+        print("  (requant: set XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) to run the fourth seed as its peer)")
+    for r in runs:
+        out = subprocess.run([sys.executable, str(REPO / r[0]), *r[1:]], check=True, capture_output=True, text=True).stdout
+        print(f"  {r[0]}:")
+        for line in out.strip().splitlines():
+            print(f"    {line}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import safetensors
 TABLE = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
 
 
-def unpack(buf: bytes, n: int, k: int) -> np.ndarray:
+def layout_offsets(n: int, k: int) -> np.ndarray:
+    """Byte offset in a kt-int8-n32-k64-vnni-v1 quant file of element [r, c] of an n x k matrix."""
     r = np.arange(n)[:, None]
     c = np.arange(k)[None, :]
     nbb = r // 64 * 64
@@ -32,8 +33,11 @@ def unpack(buf: bytes, n: int, k: int) -> np.ndarray:
     kbs = np.minimum(3584, k - kbb)
     kb = (c - kbb) // 64 * 64
     j = (c - kbb) % 64
-    off = nbb * k + kbb * nbs + nb * kbs + kb * 32 + (i // 16) * 1024 + (j // 4) * 64 + (i % 16) * 4 + j % 4
-    return np.frombuffer(buf, np.int8)[off]
+    return nbb * k + kbb * nbs + nb * kbs + kb * 32 + (i // 16) * 1024 + (j // 4) * 64 + (i % 16) * 4 + j % 4
+
+
+def unpack(buf: bytes, n: int, k: int) -> np.ndarray:
+    return np.frombuffer(buf, np.int8)[layout_offsets(n, k)]
 
 
 def source_experts(src: Path):

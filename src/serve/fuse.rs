@@ -190,20 +190,20 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
-        let mut buf = vec![0u8; size as usize];
-        // A bug must not take a worker thread (and the mount) down: a panic is an EIO.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fs.read(ino.0, offset, &mut buf)));
-        match result {
-            Ok(Ok(n)) => reply.data(&buf[..n]),
-            Ok(Err(e)) => {
-                log_err("read", &e);
-                reply.error(errno(&e))
-            }
-            Err(_) => {
-                tracing::error!("read of inode {} at {offset}: internal error (panic); answered EIO", ino.0);
-                reply.error(Errno::EIO)
-            }
+        // Each worker thread keeps one buffer, zeroed once and grown to the largest request:
+        // no allocation and no memset per read (the view overwrites what it returns).
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
+        BUF.with_borrow_mut(|buf| {
+            if buf.len() < size as usize {
+                buf.resize(size as usize, 0);
+            }
+            let buf = &mut buf[..size as usize];
+            // A bug must not take a worker thread (and the mount) down: a panic is an EIO.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fs.read(ino.0, offset, buf)));
+            answer_read(ino, offset, result, buf, reply)
+        })
     }
 
     fn release(
@@ -268,5 +268,19 @@ impl Filesystem for FuseAdapter {
         let files = self.fs.tree().files();
         let bytes: u64 = files.iter().map(|(_, f)| f.size()).sum();
         reply.statfs(bytes.div_ceil(4096), 0, 0, files.len() as u64, 0, 4096, 255, 4096);
+    }
+}
+
+fn answer_read(ino: INodeNo, offset: u64, result: std::thread::Result<Result<usize, FsError>>, buf: &[u8], reply: ReplyData) {
+    match result {
+        Ok(Ok(n)) => reply.data(&buf[..n]),
+        Ok(Err(e)) => {
+            log_err("read", &e);
+            reply.error(errno(&e))
+        }
+        Err(_) => {
+            tracing::error!("read of inode {} at {offset}: internal error (panic); answered EIO", ino.0);
+            reply.error(Errno::EIO)
+        }
     }
 }

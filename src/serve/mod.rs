@@ -142,7 +142,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
         SessionACL::Owner
     };
     config.n_threads = Some(opts.threads);
-    config.clone_fd = true;
+    config.clone_fd = opts.clone_fd;
 
     let session = match fd_mode {
         Some(fd) => {

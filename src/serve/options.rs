@@ -32,6 +32,7 @@ pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("source_sha256", true, "expected sha256 of the source; the mount fails if it differs"),
     ("digest_store", true, "directory of remembered digests, or 'none' (default /var/lib/xpackfs/digests for root)"),
     ("threads", true, "FUSE worker threads (default 8)"),
+    ("clone_fd", true, "on|off: one /dev/fuse descriptor per worker thread (default on)"),
     ("max_read", true, "largest read request in bytes, up to 1 MiB (default 1 MiB)"),
     ("read_ahead_kb", true, "kernel readahead of the mount in KiB (default: kernel's)"),
     ("allow_other", false, "let other users access the mount"),
@@ -63,6 +64,7 @@ pub struct MountOptions {
     pub pack: PackOptions,
     pub digest_store: Option<String>,
     pub threads: usize,
+    pub clone_fd: bool,
     pub max_read: u32,
     pub read_ahead_kb: Option<u32>,
     pub allow_other: bool,
@@ -87,6 +89,7 @@ impl Default for MountOptions {
             pack: PackOptions::default(),
             digest_store: None,
             threads: 8,
+            clone_fd: true,
             max_read: 1 << 20,
             read_ahead_kb: None,
             allow_other: false,
@@ -154,6 +157,13 @@ impl MountOptions {
                     "off" | "false" | "0" => false,
                     _ => return Err(format!("option stats: {v:?} is not on or off")),
                 })
+            }
+            "clone_fd" => {
+                self.clone_fd = match v {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("option clone_fd: {v:?} is not on or off")),
+                }
             }
             "passthrough" => {
                 self.passthrough = match v {

@@ -106,7 +106,16 @@ impl Mount {
 
     pub fn unmount(&self) {
         if mounts_line(&self.mountpoint).is_some() {
-            run_ok(Command::new("umount").arg(&self.mountpoint));
+            // A handle closed just before may still be on its way out (EBUSY): retry briefly.
+            for _ in 0..20 {
+                if Command::new("umount").arg(&self.mountpoint).stderr(std::process::Stdio::null()).status().unwrap().success() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if mounts_line(&self.mountpoint).is_some() {
+                run_ok(Command::new("umount").arg(&self.mountpoint));
+            }
         }
         let needle = self.mountpoint.to_string_lossy().to_string();
         wait_until("the daemon to exit after unmount", Duration::from_secs(10), || live_processes_mentioning(&needle).is_empty());
@@ -119,4 +128,22 @@ impl Drop for Mount {
             let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
         }
     }
+}
+
+/// Every file below `dir` (names relative to it, hidden ones included), sorted.
+pub fn tree_files(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut v = Vec::new();
+    walk(dir, dir, &mut v);
+    v.sort();
+    v
 }
