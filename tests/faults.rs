@@ -97,3 +97,26 @@ fn a_killed_daemon_does_not_wedge_the_mountpoint() {
     assert!(std::fs::metadata(m.path(PACK)).is_ok());
     m.unmount();
 }
+
+/// Unmount and mount again on the same mountpoint while the old daemon is still serving
+/// (a lazy unmount with a file open, a quick remount, a service restart): the old daemon,
+/// when it finally exits, must not take the new mount down with it.
+#[test]
+fn a_remount_survives_the_old_daemon_exiting() {
+    let (dir, src, _log) = setup();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mount = || run_ok(Command::new(bin()).arg("mount").arg(&src).arg(&mnt).args(["-o", "digest_store=none"]));
+    mount();
+    // Keep the old mount busy, detach it, mount anew at the same path, then let the old one go.
+    let held = std::fs::File::open(mnt.join(PACK)).unwrap();
+    run_ok(Command::new("umount").arg("-l").arg(&mnt));
+    mount();
+    drop(held);
+    let needle = mnt.to_string_lossy().to_string();
+    wait_until("the old daemon to exit", Duration::from_secs(10), || live_processes_mentioning(&needle).len() <= 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(mounts_line(&mnt).is_some(), "the new mount was unmounted by the old daemon");
+    assert!(std::fs::read(mnt.join(PACK)).is_ok());
+    run_ok(Command::new("umount").arg(&mnt));
+}

@@ -154,9 +154,15 @@ class Mounts:
         return int(subprocess.run(["pgrep", "-f", f"xpackfs mount {self.src} {self.mx}"], capture_output=True,
                                   text=True).stdout.split()[0])
 
-    def minipass(self) -> None:
-        self.mp = subprocess.Popen([self.a.minipass, str(self.pack_file), str(self.mm)], stderr=subprocess.DEVNULL)
+    def minipass(self, *extra: str) -> None:
+        if self.mp:
+            subprocess.run(["umount", str(self.mm)], check=True)
+            self.mp.wait(timeout=10)
+        self.mp = subprocess.Popen([self.a.minipass, str(self.pack_file), str(self.mm), *extra], stderr=subprocess.DEVNULL)
         wait_mounted(self.mm)
+
+    def mpid(self) -> int:
+        return self.mp.pid
 
     def close(self) -> None:
         subprocess.run(["umount", str(self.mx)], stderr=subprocess.DEVNULL)
@@ -165,20 +171,38 @@ class Mounts:
             self.mp.wait(timeout=10)
 
 
-def measure(fn, path: Path, layout, cold: bool) -> float:
+def cpu_seconds(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(fn, path: Path, layout, cold: bool, pid: int | None = None) -> tuple[float, float]:
+    """(MB/s, daemon CPU seconds per GB read) of one run."""
     if cold:
         drop(path)
+    c0 = cpu_seconds(pid) if pid else 0.0
     t0 = time.perf_counter()
     n = fn(path, layout)
-    return n / (time.perf_counter() - t0) / 1e6
+    rate = n / (time.perf_counter() - t0) / 1e6
+    cpu = (cpu_seconds(pid) - c0) / (n / 1e9) if pid else 0.0
+    return rate, cpu
 
 
-def median_rates(targets: dict, fn, layout, cold: bool, rounds: int) -> dict:
+CPU = {}  # (pattern, state, target) -> median daemon CPU s/GB of the last median_rates call
+
+
+def median_rates(targets: dict, fn, layout, cold: bool, rounds: int, pids: dict | None = None, key=None) -> dict:
     """MB/s per target, median of `rounds`, the targets interleaved within each round."""
     got = {t: [] for t in targets}
+    cpu = {t: [] for t in targets}
     for _ in range(rounds):
         for t, path in targets.items():
-            got[t].append(measure(fn, path, layout, cold and t != "source"))
+            r, c = measure(fn, path, layout, cold and t != "source", (pids or {}).get(t))
+            got[t].append(r)
+            cpu[t].append(c)
+    if key:
+        for t in targets:
+            CPU[(*key, t)] = statistics.median(cpu[t])
     return {t: statistics.median(v) for t, v in got.items()}
 
 
@@ -210,12 +234,23 @@ def main() -> int:
     targets = {"source": pack_file, "minipass": m.mm / "file", "xpackfs": m.mx / pack_file.name}
     seq(pack_file, layout)  # both sources in the page cache: the file minipass serves,
     subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # and the GGUF xpackfs reads
-    rows, ra_rows, lever_rows = [], [], []
+    rows, dio_rows, ra_rows, lever_rows = [], [], [], []
     try:
+        pids = {"minipass": m.mpid(), "xpackfs": m.xpid()}
         for name, fn in PATTERNS:
             for state in ("cold", "warm"):
-                rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds)))
+                rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds, pids, (name, state))))
         rss = rss_kb(m.xpid())
+        # FOPEN_DIRECT_IO on both (xpackfs: -o direct_io=on; minipass --direct-io).
+        m.xpackfs(",direct_io=on")
+        m.minipass("--direct-io")
+        for name, fn in PATTERNS:
+            if name == "mmap touch":
+                continue  # minipass does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP
+            for state in ("cold", "warm"):
+                dio_rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds)))
+        m.xpackfs()
+        m.minipass()
         # Readahead of the mount (root may set it in /sys/class/bdi): cold 1 MiB sequential.
         fuse = {k: v for k, v in targets.items() if k != "source"}
         for kb in (128, 1024, 4096, 16384):
@@ -227,7 +262,7 @@ def main() -> int:
         only_x = {"xpackfs": targets["xpackfs"]}
         for label, extra in [("default (8 threads, clone_fd)", ""), ("threads=1", ",threads=1"), ("threads=2", ",threads=2"),
                              ("threads=32", ",threads=32"), ("clone_fd=off", ",clone_fd=off"),
-                             ("max_read=131072", ",max_read=131072")]:
+                             ("max_read=131072", ",max_read=131072"), ("max_background=64", ",max_background=64")]:
             m.xpackfs(extra)
             r = {pat: median_rates(only_x, fn, layout, True, a.rounds)["xpackfs"]
                  for pat, fn in PATTERNS if pat in ("seq 1MiB", "sglang 4x", "random objects")}
@@ -241,6 +276,16 @@ def main() -> int:
     for name, state, r in rows:
         print(f"{name:<16} {state:<5} {r['source']:>8.0f} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} "
               f"{r['xpackfs'] / r['minipass']:>11.2f} {r['xpackfs'] / r['source']:>9.2f}")
+    print("\ndaemon CPU seconds per GB read, cold (median): the transport's cost and what xpackfs adds to it")
+    print(f"{'pattern':<16} {'minipass':>9} {'xpackfs':>8}")
+    for name, _ in PATTERNS:
+        print(f"{name:<16} {CPU[(name, 'cold', 'minipass')]:>9.2f} {CPU[(name, 'cold', 'xpackfs')]:>8.2f}")
+    default = {(n, st): r["minipass"] for n, st, r in rows}
+    print("\nFOPEN_DIRECT_IO on both FUSE mounts (xpackfs -o direct_io=on): no page cache of the mount")
+    print(f"{'pattern':<16} {'state':<5} {'source':>8} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/mp default':>13} {'x/source':>9}")
+    for name, state, r in dio_rows:
+        print(f"{name:<16} {state:<5} {r['source']:>8.0f} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} "
+              f"{r['xpackfs'] / r['minipass']:>11.2f} {r['xpackfs'] / default[(name, state)]:>13.2f} {r['xpackfs'] / r['source']:>9.2f}")
     base = ra_rows[0][1]["minipass"]
     print("\ncold 1 MiB sequential by mount readahead (read_ahead_kb, both FUSE mounts)")
     print(f"{'read_ahead_kb':>13} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/minipass@128':>15}")
@@ -252,10 +297,10 @@ def main() -> int:
     for label, r in lever_rows:
         print(f"{label:<32} " + " ".join(f"{r[p]:>13.0f} ({r[p] / d[p]:4.2f}x)" for p in d))
     print(f"\nxpackfs mount start-up (digests remembered): {startup:.3f} s; daemon RSS after the run: {rss / 1024:.0f} MiB")
-    if a.full_size:
-        full_size(a, a.full_size)
     if not a.no_computed:
         computed_views(a)
+    if a.full_size:
+        full_size(a, a.full_size)
     return 0
 
 
@@ -269,7 +314,9 @@ def full_size(a, path: Path) -> None:
     o = f"digest_store={store}"
     subprocess.run([a.xpackfs, "mount", str(path), str(mnt), "-o", o], check=True, stderr=subprocess.DEVNULL)
     subprocess.run(["umount", str(mnt)], check=True)
-    subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=True)
+    # Cold page cache for what start-up reads: the source's headers and the store entry.
+    for p in [path, *store.glob("*.json")]:
+        drop(p)
     t0 = time.perf_counter()
     subprocess.run([a.xpackfs, "mount", str(path), str(mnt), "-o", o], check=True, stderr=subprocess.DEVNULL)
     t = time.perf_counter() - t0

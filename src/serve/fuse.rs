@@ -22,7 +22,13 @@ const TTL: Duration = Duration::from_secs(3600);
 pub struct FuseAdapter {
     pub fs: Arc<Fs>,
     pub max_read: u32,
+    pub max_background: Option<u16>,
+    /// FOPEN_DIRECT_IO for the view's files (see the `direct_io` option).
+    pub direct_io: bool,
     pub passthrough: Arc<Passthrough>,
+    /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
+    pub passthrough_files: bool,
+    pub mount_path: std::path::PathBuf,
 }
 
 /// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are
@@ -103,6 +109,15 @@ impl Filesystem for FuseAdapter {
                 Err(_) => self.passthrough.disable("the kernel does not offer it"),
             }
         }
+        if self.direct_io {
+            // mmap of direct-io files (SGLang may mmap the pack); kernels without it refuse mmap.
+            if config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
+                tracing::warn!("direct_io: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
+            }
+        }
+        if let Some(n) = self.max_background {
+            let _ = config.set_max_background(n);
+        }
         if let Err(max) = config.set_max_readahead(self.max_read) {
             let _ = config.set_max_readahead(max);
         }
@@ -110,6 +125,20 @@ impl Filesystem for FuseAdapter {
             let _ = config.set_max_write(max);
         }
         Ok(())
+    }
+
+    /// The session is over: the kernel has unmounted (umount, or our signal handler did).
+    /// Exit here, before fuser drops its mount handle: that drop would unmount the mountpoint
+    /// *path* if fuser still thinks it mounted, and a new mount made there in the meantime
+    /// (a quick remount, a service restart) would be the one unmounted.
+    fn destroy(&mut self) {
+        if self.passthrough_files {
+            let n = self.passthrough.opens.load(Ordering::Relaxed);
+            let reads = self.fs.stats.reads.load(Ordering::Relaxed);
+            tracing::info!("passthrough: {n} opens served by the kernel from backing files; {reads} reads through the daemon");
+        }
+        tracing::info!("unmounted {}", self.mount_path.display());
+        std::process::exit(0);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -169,6 +198,7 @@ impl Filesystem for FuseAdapter {
         match self.fs.open(ino.0, flags.0) {
             // Status files are generated per read: no page cache.
             Ok(()) if self.fs.is_dynamic(ino.0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            Ok(()) if self.direct_io => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
             // Immutable contents: keep the kernel's page cache across opens.
             Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => {

@@ -119,8 +119,11 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     let fs = Arc::new(Fs::with_stats(tree, owner, stats));
     // Passthrough only where files are whole source files (INT8 tree mounts).
     let passthrough_files = fs.tree().files().iter().any(|(_, f)| f.whole_source().is_some());
-    let adapter = fuse::FuseAdapter { fs: fs.clone(), max_read: opts.max_read, passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)) };
-    let passthrough = adapter.passthrough.clone();
+    let adapter = fuse::FuseAdapter { fs: fs.clone(), max_read: opts.max_read, max_background: opts.max_background, direct_io: opts.direct_io,
+        passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
+        passthrough_files, mount_path: mount_path.clone(),
+    };
+
 
     let mut config = Config::default();
     config.mount_options = vec![
@@ -172,12 +175,8 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     }
     tracing::info!("mounted {} on {} ({} files)", source_path.display(), mount_path.display(), fs.tree().files().len());
     ready.ready(opts.log_file.as_deref());
+    // Returns only on errors: a normal end (the kernel unmounted) exits in `destroy`.
     session.run().map_err(|e| format!("FUSE session: {e}"))?;
-    if passthrough_files {
-        let n = passthrough.opens.load(std::sync::atomic::Ordering::Relaxed);
-        tracing::info!("passthrough: {n} opens served by the kernel from backing files; {} reads through the daemon", fs.stats.reads.load(std::sync::atomic::Ordering::Relaxed));
-    }
-    tracing::info!("unmounted {}", mount_path.display());
     Ok(())
 }
 

@@ -33,6 +33,8 @@ pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("digest_store", true, "directory of remembered digests, or 'none' (default /var/lib/xpackfs/digests for root)"),
     ("threads", true, "FUSE worker threads (default 8)"),
     ("clone_fd", true, "on|off: one /dev/fuse descriptor per worker thread (default on)"),
+    ("direct_io", true, "on|off: reads bypass the kernel's page cache of the mount (FOPEN_DIRECT_IO; mmap still works on kernels with FUSE_DIRECT_IO_ALLOW_MMAP): faster cold reads, no warm page cache (default off)"),
+    ("max_background", true, "pending background (readahead) requests the kernel may queue (default: fuser's, 16)"),
     ("max_read", true, "largest read request in bytes, up to 1 MiB (default 1 MiB)"),
     ("read_ahead_kb", true, "kernel readahead of the mount in KiB (default: kernel's)"),
     ("allow_other", false, "let other users access the mount"),
@@ -65,6 +67,8 @@ pub struct MountOptions {
     pub digest_store: Option<String>,
     pub threads: usize,
     pub clone_fd: bool,
+    pub max_background: Option<u16>,
+    pub direct_io: bool,
     pub max_read: u32,
     pub read_ahead_kb: Option<u32>,
     pub allow_other: bool,
@@ -90,6 +94,8 @@ impl Default for MountOptions {
             digest_store: None,
             threads: 8,
             clone_fd: true,
+            max_background: None,
+            direct_io: false,
             max_read: 1 << 20,
             read_ahead_kb: None,
             allow_other: false,
@@ -157,6 +163,20 @@ impl MountOptions {
                     "off" | "false" | "0" => false,
                     _ => return Err(format!("option stats: {v:?} is not on or off")),
                 })
+            }
+            "max_background" => {
+                let n: u16 = num(key, v)?;
+                if n == 0 {
+                    return Err("option max_background: must be at least 1".into());
+                }
+                self.max_background = Some(n);
+            }
+            "direct_io" => {
+                self.direct_io = match v {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("option direct_io: {v:?} is not on or off")),
+                }
             }
             "clone_fd" => {
                 self.clone_fd = match v {
