@@ -382,3 +382,33 @@ fn stats_json_reports_reads_and_the_cache() {
     assert!(std::fs::metadata(m.path(".xpackfs")).is_err());
     m.unmount();
 }
+
+/// Pages of `path` in the kernel's page cache, by util-linux `fincore`.
+fn cached_bytes(path: &Path) -> u64 {
+    let out = run_ok(Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(path));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// The pack is made of source bytes, which are page-cached as the source: by default
+/// (`direct_io=auto`) its reads bypass the mount's page cache (no second copy in memory),
+/// and mmap still works; `direct_io=off` caches them; computed files keep the page cache.
+#[test]
+fn identity_files_bypass_the_mount_page_cache_by_default() {
+    for (opts, expect_cached) in [("top_k=2", false), ("top_k=2,direct_io=off", true)] {
+        let m = Mount::new(&sample(), &[opts]);
+        let pack = m.path("sample-moe.pack");
+        let bytes = std::fs::read(&pack).unwrap();
+        let cached = cached_bytes(&pack);
+        assert_eq!(cached > 0, expect_cached, "{opts}: {cached} bytes of the pack cached after reading it");
+        check_pack(&[&sample()], &pack, "mmap");
+        assert_eq!(bytes.len() as u64, std::fs::metadata(&pack).unwrap().len());
+        m.unmount();
+    }
+    let v4 = tempfile::tempdir().unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v4", "--inter", "256"]));
+    let m = Mount::new(v4.path(), &["view=bf16-cache"]);
+    let shard = m.path("non-expert-000.safetensors");
+    std::fs::read(&shard).unwrap();
+    assert!(cached_bytes(&shard) > 0, "computed BF16 shards keep the page cache");
+    m.unmount();
+}

@@ -184,6 +184,11 @@ impl Fs {
         }
     }
 
+    /// Whether the file's bytes are all source bytes, literals or zeros (not computed).
+    pub fn is_identity(&self, ino: Ino) -> bool {
+        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_identity())
+    }
+
     /// For a file that is a whole source file: that file, checked now to be unchanged (so a
     /// FUSE passthrough open hands the kernel only the inode that was validated, unchanged).
     /// `Ok(None)` for every other file.

@@ -23,8 +23,9 @@ pub struct FuseAdapter {
     pub fs: Arc<Fs>,
     pub max_read: u32,
     pub max_background: Option<u16>,
-    /// FOPEN_DIRECT_IO for the view's files (see the `direct_io` option).
-    pub direct_io: bool,
+    /// FOPEN_DIRECT_IO for the view's files: `None` for identity files only (see the
+    /// `direct_io` option); cleared in `init` when auto and the kernel cannot mmap them.
+    pub direct_io: Option<bool>,
     pub passthrough: Arc<Passthrough>,
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
     pub passthrough_files: bool,
@@ -109,10 +110,15 @@ impl Filesystem for FuseAdapter {
                 Err(_) => self.passthrough.disable("the kernel does not offer it"),
             }
         }
-        if self.direct_io {
+        if self.direct_io != Some(false) {
             // mmap of direct-io files (SGLang may mmap the pack); kernels without it refuse mmap.
             if config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
-                tracing::warn!("direct_io: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
+                if self.direct_io == Some(true) {
+                    tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
+                } else {
+                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; reads use the page cache");
+                    self.direct_io = Some(false);
+                }
             }
         }
         if let Some(n) = self.max_background {
@@ -198,7 +204,11 @@ impl Filesystem for FuseAdapter {
         match self.fs.open(ino.0, flags.0) {
             // Status files are generated per read: no page cache.
             Ok(()) if self.fs.is_dynamic(ino.0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
-            Ok(()) if self.direct_io => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            // Direct I/O: source bytes are page-cached as the source already; a second copy
+            // in the mount's page cache would only cost memory and a slower cold path.
+            Ok(()) if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+            }
             // Immutable contents: keep the kernel's page cache across opens.
             Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => {

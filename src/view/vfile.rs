@@ -167,6 +167,12 @@ impl VirtualFile {
         }
     }
 
+    /// Whether every byte is a source byte, literal or zero (nothing is computed): its source
+    /// pages are the only cache it needs.
+    pub fn is_identity(&self) -> bool {
+        !self.extents.iter().any(|(_, e)| matches!(e, Extent::Computed { .. }))
+    }
+
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).
     pub fn is_derived(&self) -> bool {
         self.derived
