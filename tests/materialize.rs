@@ -197,6 +197,16 @@ fn partitions_then_finalize_equal_a_single_run() {
             assert!(std::fs::read(out.join(&name)).unwrap() == std::fs::read(reference.join(&name)).unwrap(), "{opts}: {name} differs");
         }
 
+        // The expert pack's digest (its manifest's pack_sha256) was recorded by --finalize.
+        if let Some(manifest) = tree_files(&reference).iter().find(|n| n.ends_with(".pack.manifest.json")) {
+            let m: serde_json::Value = serde_json::from_slice(&std::fs::read(reference.join(manifest)).unwrap()).unwrap();
+            let sha = m["pack_sha256"].as_str().unwrap();
+            let recorded = std::fs::read_dir(&store).unwrap().flatten().any(|e| {
+                std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .is_some_and(|d| d["views"].as_object().is_some_and(|v| v.values().any(|h| h == sha)))
+            });
+            assert!(recorded, "{opts}: pack_sha256 not recorded in the digest store");
+        }
         // The manifests' digests are in the store: a mount serves them computing nothing.
         let m = Mount::new(&source, &[&o]);
         for name in tree_files(&reference).iter().filter(|n| n.ends_with(".json")) {
