@@ -230,7 +230,7 @@ def main() -> int:
     m = Mounts(a, src, pack_file, store)
     m.xpackfs()  # fills the digest store if needed
     startup = m.xpackfs()
-    m.xpackfs(",direct_io=off")  # the first tables compare like with like: both in page-cache mode
+    m.xpackfs(",direct_io=off,threads=8")  # the first tables compare like with like: page-cache mode, 8 threads
     m.minipass()
     targets = {"source": pack_file, "minipass": m.mm / "file", "xpackfs": m.mx / pack_file.name}
     seq(pack_file, layout)  # both sources in the page cache: the file minipass serves,
@@ -243,14 +243,14 @@ def main() -> int:
                 rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds, pids, (name, state))))
         rss = rss_kb(m.xpid())
         # FOPEN_DIRECT_IO on both (xpackfs's default for the pack, direct_io=auto; minipass --direct-io).
-        m.xpackfs()
+        m.xpackfs(",threads=8")
         m.minipass("--direct-io")
         for name, fn in PATTERNS:
             if name == "mmap touch":
                 continue  # minipass does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP
             for state in ("cold", "warm"):
                 dio_rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds)))
-        m.xpackfs(",direct_io=off")
+        m.xpackfs(",direct_io=off,threads=8")
         m.minipass()
         # Readahead of the mount (root may set it in /sys/class/bdi): cold 1 MiB sequential.
         fuse = {k: v for k, v in targets.items() if k != "source"}
@@ -261,12 +261,13 @@ def main() -> int:
         set_read_ahead(m.mm, 128)
         # Other levers, on xpackfs alone (default readahead), against its default settings.
         only_x = {"xpackfs": targets["xpackfs"]}
-        for label, extra in [("page cache (8 threads, clone_fd)", ""), ("threads=1", ",threads=1"), ("threads=2", ",threads=2"),
-                             ("threads=32", ",threads=32"), ("clone_fd=off", ",clone_fd=off"),
-                             ("max_read=131072", ",max_read=131072"), ("max_background=64", ",max_background=64"),
-                             ("direct_io (the default for the pack)", ",direct_io=on"),
-                             ("direct_io, threads=2", ",direct_io=on,threads=2")]:
-            m.xpackfs(",direct_io=off" + extra)
+        pc = "direct_io=off,threads=8"
+        for label, o in [("page cache, 8 threads, clone_fd", pc), ("threads=1", pc + ",threads=1"),
+                         ("threads=2", pc + ",threads=2"), ("threads=32", pc + ",threads=32"),
+                         ("clone_fd=off", pc + ",clone_fd=off"), ("max_read=131072", pc + ",max_read=131072"),
+                         ("max_background=64", pc + ",max_background=64"), ("direct_io, 8 threads", "direct_io=on,threads=8"),
+                         ("direct_io, 2 threads", "direct_io=on,threads=2"), ("xpackfs defaults", "")]:
+            m.xpackfs("," + o if o else "")
             r = {pat: median_rates(only_x, fn, layout, True, a.rounds)["xpackfs"]
                  for pat, fn in PATTERNS if pat in ("seq 1MiB", "sglang 4x", "random objects")}
             lever_rows.append((label, r))
@@ -275,7 +276,7 @@ def main() -> int:
 
     print(f"pack {pack_file.stat().st_size / 1e9:.2f} GB, {layout['objects']} objects of {layout['payload'] / 1e6:.1f} MB; "
           f"medians of {a.rounds} runs; default readahead (128 KiB)")
-    print("page-cache mode on both FUSE mounts (xpackfs -o direct_io=off; minipass default)")
+    print("page-cache mode on both FUSE mounts, 8 threads each (xpackfs -o direct_io=off,threads=8; minipass default)")
     print(f"{'pattern':<16} {'state':<5} {'source':>8} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/source':>9}  (MB/s)")
     for name, state, r in rows:
         print(f"{name:<16} {state:<5} {r['source']:>8.0f} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} "
@@ -296,11 +297,16 @@ def main() -> int:
     print(f"{'read_ahead_kb':>13} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/minipass@128':>15}")
     for kb, r in ra_rows:
         print(f"{kb:>13} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} {r['xpackfs'] / r['minipass']:>11.2f} {r['xpackfs'] / base:>15.2f}")
-    print("\nxpackfs levers, cold (MB/s; ratio to page-cache mode with 8 threads)")
+    print(f"\nxpackfs levers, cold (MB/s; ratio to page-cache mode with 8 threads); defaults here: direct_io=auto, "
+          f"threads={min(max(os.cpu_count() or 8, 2), 8)}")
     d = lever_rows[0][1]
     print(f"{'setting':<32} " + " ".join(f"{p:>22}" for p in d))
     for label, r in lever_rows:
         print(f"{label:<32} " + " ".join(f"{r[p]:>13.0f} ({r[p] / d[p]:4.2f}x)" for p in d))
+    mp_default = {n: r["minipass"] for n, st, r in rows if st == "cold"}
+    xd = lever_rows[-1][1]
+    print("xpackfs defaults against minipass's default, cold: "
+          + ", ".join(f"{p} {xd[p] / mp_default[p]:.2f}x" for p in xd))
     print(f"\nxpackfs mount start-up (digests remembered): {startup:.3f} s; daemon RSS after the run: {rss / 1024:.0f} MiB")
     if not a.no_computed:
         computed_views(a)
