@@ -153,8 +153,11 @@ impl Drop for Progress {
     }
 }
 
+/// Files of a view with their paths.
+type Files = Vec<(String, Arc<VirtualFile>)>;
+
 /// The files of `tree`: data files first, then the derived files (manifests).
-fn split_files(tree: &Tree) -> (Vec<(String, Arc<VirtualFile>)>, Vec<(String, Arc<VirtualFile>)>) {
+fn split_files(tree: &Tree) -> (Files, Files) {
     tree.files().into_iter().partition(|(_, f)| !f.is_derived())
 }
 
@@ -194,14 +197,14 @@ pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> 
                 )));
             }
         }
-    } else if !opts.replace {
-        if let Some((p, _)) = files.iter().find(|(p, _)| out.join(p).exists() || partial_paths(out, p).0.exists()) {
-            return Err(MaterializeError::Refused(format!(
-                "{} already exists in {} (use --resume to continue, --replace to overwrite)",
-                p,
-                out.display()
-            )));
-        }
+    } else if let Some((p, _)) =
+        files.iter().find(|(p, _)| !opts.replace && (out.join(p).exists() || partial_paths(out, p).0.exists()))
+    {
+        return Err(MaterializeError::Refused(format!(
+            "{} already exists in {} (use --resume to continue, --replace to overwrite)",
+            p,
+            out.display()
+        )));
     }
     if out.join(partition::PARTS_DIR).exists() {
         return Err(MaterializeError::Refused(format!(

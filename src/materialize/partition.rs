@@ -223,10 +223,8 @@ pub fn run_partition(
     }
     let dir = parts_dir(out);
     let plan = make_plan(source, tree, part.count, piece_bytes, command);
-    if !dir.exists() {
-        if let Some(name) = plan.derived.iter().find(|n| out.join(n).exists()) {
-            return Err(MaterializeError::Refused(format!("{} is a finished output ({name} exists): remove it to start again", out.display())));
-        }
+    if let Some(name) = plan.derived.iter().find(|n| !dir.exists() && out.join(n).exists()) {
+        return Err(MaterializeError::Refused(format!("{} is a finished output ({name} exists): remove it to start again", out.display())));
     }
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     match load_plan(out)? {
@@ -276,8 +274,11 @@ pub fn run_partition(
     results
 }
 
+/// A piece's sha256 and the digests of the wanted ranges inside it.
+type PieceDigests = (String, Vec<(u64, u64, String)>);
+
 /// Write one piece of a cut file into the shared partial file, then fsync it.
-fn write_piece(out: &Path, name: &str, file: &VirtualFile, piece: &Piece, chunk: usize, done: &AtomicU64) -> Result<(String, Vec<(u64, u64, String)>), MaterializeError> {
+fn write_piece(out: &Path, name: &str, file: &VirtualFile, piece: &Piece, chunk: usize, done: &AtomicU64) -> Result<PieceDigests, MaterializeError> {
     let (partial, _) = partial_paths(out, name);
     if let Some(parent) = partial.parent() {
         std::fs::create_dir_all(parent).map_err(io(parent))?;
