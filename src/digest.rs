@@ -246,9 +246,6 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
 /// streamed, and of every wanted `(offset, len)` range lying wholly inside what is streamed.
 pub struct RangeHasher {
     whole: Sha256,
-    /// Wanted ranges that are the whole stream: they get the whole digest (not hashed twice).
-    whole_alias: bool,
-    start: u64,
     pos: u64,
     /// (start, end, hasher), sorted by start; removed when finished.
     open: Vec<(u64, u64, Sha256)>,
@@ -257,14 +254,13 @@ pub struct RangeHasher {
 
 impl RangeHasher {
     pub fn new(start: u64, end: u64, wanted: &[(u64, u64)]) -> Self {
-        let whole_alias = start < end && wanted.contains(&(start, end - start));
         let mut open: Vec<(u64, u64, Sha256)> = wanted
             .iter()
-            .filter(|(o, l)| *o >= start && o.saturating_add(*l) <= end && (*o, *l) != (start, end - start))
+            .filter(|(o, l)| *o >= start && o.saturating_add(*l) <= end)
             .map(|&(o, l)| (o, o + l, Sha256::new()))
             .collect();
         open.sort_by_key(|r| (r.0, r.1));
-        let mut h = RangeHasher { whole: Sha256::new(), whole_alias, start, pos: start, open, finished: Vec::new() };
+        let mut h = RangeHasher { whole: Sha256::new(), pos: start, open, finished: Vec::new() };
         h.close_finished();
         h
     }
@@ -304,12 +300,8 @@ impl RangeHasher {
 
     /// The sha256 of everything streamed, and `(offset, len, sha256)` of every wanted range
     /// that was streamed completely.
-    pub fn finish(mut self) -> (String, Vec<(u64, u64, String)>) {
-        let whole = hex(&self.whole.finalize());
-        if self.whole_alias && self.pos > self.start {
-            self.finished.push((self.start, self.pos - self.start, whole.clone()));
-        }
-        (whole, self.finished)
+    pub fn finish(self) -> (String, Vec<(u64, u64, String)>) {
+        (hex(&self.whole.finalize()), self.finished)
     }
 }
 

@@ -289,7 +289,7 @@ fn write_piece(out: &Path, name: &str, file: &VirtualFile, piece: &Piece, chunk:
         f.set_len(file.size()).map_err(io(&partial))?;
     }
     let end = piece.offset + piece.len;
-    let hasher = RangeHasher::new(piece.offset, end, &file.digest_ranges());
+    let hasher = RangeHasher::new(piece.offset, end, file.digest_ranges());
     let hasher = write::stream(name, file, &f, &partial, (piece.offset, end), chunk, hasher, done, &|_| Ok(()))?;
     f.sync_data().map_err(io(&partial))?;
     Ok(hasher.finish())
@@ -366,7 +366,7 @@ fn assemble(out: &Path, name: &str, size: u64, file: &VirtualFile, records: &[Pi
     if len != size {
         return Err(MaterializeError::Refused(format!("finalize: {} has {len} bytes, the view {size}", path.display())));
     }
-    let mut whole = RangeHasher::new(0, size, &file.digest_ranges());
+    let mut whole = RangeHasher::new(0, size, file.digest_ranges());
     let mut pieces: Vec<&PieceRecord> = records.iter().filter(|r| r.file == name).collect();
     pieces.sort_by_key(|r| r.offset);
     for r in pieces {

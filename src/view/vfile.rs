@@ -184,13 +184,10 @@ impl VirtualFile {
         self.digest_ranges.push((offset, len));
     }
 
-    /// The ranges declared with [`VirtualFile::want_digest`], and the whole file.
-    pub fn digest_ranges(&self) -> Vec<(u64, u64)> {
-        let mut r = self.digest_ranges.clone();
-        r.push((0, self.size));
-        r.sort();
-        r.dedup();
-        r
+    /// The ranges declared with [`VirtualFile::want_digest`] (the whole file's digest is
+    /// always taken by whoever streams it, and is not among them).
+    pub fn digest_ranges(&self) -> &[(u64, u64)] {
+        &self.digest_ranges
     }
 
     /// Remember the sha256 of `len` bytes at `offset`, computed from bytes read through
