@@ -156,9 +156,9 @@ impl Drop for Progress {
 /// Files of a view with their paths.
 type Files = Vec<(String, Arc<VirtualFile>)>;
 
-/// The files of `tree`: data files first, then the derived files (manifests).
-fn split_files(tree: &Tree) -> (Files, Files) {
-    tree.files().into_iter().partition(|(_, f)| !f.is_derived())
+/// The files of a view: data files first, then the derived files (manifests).
+fn split_files(files: Files) -> (Files, Files) {
+    files.into_iter().partition(|(_, f)| !f.is_derived())
 }
 
 /// Write the derived files (after every data file: their digests are recorded by then).
@@ -224,7 +224,7 @@ pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> 
     check_space(out, total - already, opts.margin)?;
 
     let progress = Progress::start(total, opts.progress);
-    let (data, derived) = split_files(tree);
+    let (data, derived) = split_files(files);
     let mut results: Vec<FileResult> =
         data.par_iter().map(|(name, f)| write_one(out, name, f, opts, &progress.done)).collect::<Result<_, _>>()?;
     results.extend(write_derived(out, &derived, opts, &progress.done)?);

@@ -17,6 +17,7 @@
 //! piece's digest on the way, since sha256 cannot be combined), renames it into place,
 //! writes the derived files from the recorded digests, and removes the state directory.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::write::{self, partial_paths, write_one};
-use super::{check_space, io, split_files, write_derived, FileResult, MaterializeError, Options, Progress};
+use super::{check_space, io, write_derived, FileResult, Files, MaterializeError, Options, Progress};
 use crate::digest::RangeHasher;
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::source::Source;
@@ -123,11 +124,11 @@ fn source_ids(source: &Source) -> Vec<SourceFileId> {
         .collect()
 }
 
-fn make_plan(source: &Source, tree: &Tree, count: u32, piece_bytes: u64, command: &str) -> Plan {
-    let (data, derived) = split_files(tree);
+fn make_plan(source: &Source, listed: &Files, count: u32, piece_bytes: u64, command: &str) -> Plan {
+    let data = listed.iter().filter(|(_, f)| !f.is_derived());
     let mut load = vec![0u64; count as usize];
     let mut pieces = Vec::new();
-    for (name, f) in &data {
+    for (name, f) in data.clone() {
         let size = f.size();
         let cut = piece_bytes > 0 && size > piece_bytes;
         let step = if cut { piece_bytes } else { size.max(1) };
@@ -149,8 +150,8 @@ fn make_plan(source: &Source, tree: &Tree, count: u32, piece_bytes: u64, command
         piece_bytes,
         source: source_ids(source),
         command: command.into(),
-        files: data.iter().map(|(n, f)| (n.clone(), f.size())).collect(),
-        derived: derived.iter().map(|(n, _)| n.clone()).collect(),
+        files: data.map(|(n, f)| (n.clone(), f.size())).collect(),
+        derived: listed.iter().filter(|(_, f)| f.is_derived()).map(|(n, _)| n.clone()).collect(),
         pieces,
     }
 }
@@ -222,7 +223,8 @@ pub fn run_partition(
         return Err(MaterializeError::Refused("--replace cannot be combined with --partition: remove the output directory first".into()));
     }
     let dir = parts_dir(out);
-    let plan = make_plan(source, tree, part.count, piece_bytes, command);
+    let listed = tree.files();
+    let plan = make_plan(source, &listed, part.count, piece_bytes, command);
     if let Some(name) = plan.derived.iter().find(|n| !dir.exists() && out.join(n).exists()) {
         return Err(MaterializeError::Refused(format!("{} is a finished output ({name} exists): remove it to start again", out.display())));
     }
@@ -241,7 +243,7 @@ pub fn run_partition(
             write_atomic(&path, &serde_json::to_vec_pretty(&plan).unwrap()).map_err(io(&path))?;
         }
     }
-    let files: std::collections::HashMap<String, Arc<VirtualFile>> = tree.files().into_iter().collect();
+    let files: HashMap<&str, &Arc<VirtualFile>> = listed.iter().map(|(n, f)| (n.as_str(), f)).collect();
     let mine: Vec<(usize, &Piece)> = plan.pieces.iter().enumerate().filter(|(_, p)| p.partition == part.index).collect();
     let todo: u64 = mine.iter().filter(|(k, p)| read_record(out, *k, p).is_none()).map(|(_, p)| p.len).sum();
     check_space(out, todo, opts.margin)?;
@@ -255,7 +257,7 @@ pub fn run_partition(
                 done.fetch_add(piece.len, std::sync::atomic::Ordering::Relaxed);
                 return Ok(FileResult { name: piece.file.clone(), size: piece.len, sha256: r.sha256, resumed_from: piece.len, skipped: true, ranges: Vec::new() });
             }
-            let file = &files[&piece.file];
+            let file = files[piece.file.as_str()];
             let (sha256, ranges, result) = if piece.whole {
                 let r = write_one(out, &piece.file, file, &resume, done)?;
                 (r.sha256.clone(), r.ranges.clone(), r)
@@ -300,7 +302,8 @@ pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Res
     let Some(have) = load_plan(out)? else {
         return Err(MaterializeError::Refused(format!("{}: no partitioned run to finalize ({PARTS_DIR}/{PLAN} is missing)", out.display())));
     };
-    let plan = make_plan(source, tree, have.count, have.piece_bytes, &have.command);
+    let listed = tree.files();
+    let plan = make_plan(source, &listed, have.count, have.piece_bytes, &have.command);
     if have != plan {
         return Err(MaterializeError::Refused(format!("finalize: {} was planned differently: {}", out.display(), plan_difference(&have, &plan))));
     }
@@ -320,7 +323,7 @@ pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Res
             .collect();
         return Err(MaterializeError::Refused(format!("finalize: unfinished partitions: {}", parts.join("; "))));
     }
-    let files: std::collections::HashMap<String, Arc<VirtualFile>> = tree.files().into_iter().collect();
+    let files: HashMap<&str, &Arc<VirtualFile>> = listed.iter().map(|(n, f)| (n.as_str(), f)).collect();
     let mut results = Vec::new();
     // Whole files: present with the right size, digests from their records.
     for r in records.iter().filter(|r| plan.pieces[r.piece].whole) {
@@ -329,7 +332,7 @@ pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Res
         if len != r.len {
             return Err(MaterializeError::Refused(format!("finalize: {} has {len} bytes, partition {} wrote {}", path.display(), r.partition, r.len)));
         }
-        write::record(&files[&r.file], &r.sha256, &r.ranges);
+        write::record(files[r.file.as_str()], &r.sha256, &r.ranges);
         results.push(FileResult { name: r.file.clone(), size: r.len, sha256: r.sha256.clone(), resumed_from: 0, skipped: false, ranges: r.ranges.clone() });
     }
     // Cut files: one pass each from disk, checking every piece, then into place.
@@ -338,12 +341,12 @@ pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Res
     let progress = Progress::start(total, opts.progress);
     let assembled = cut
         .par_iter()
-        .map(|(name, size)| assemble(out, name, *size, &files[name], &records, &plan, &progress.done))
+        .map(|(name, size)| assemble(out, name, *size, files[name.as_str()], &records, &plan, &progress.done))
         .collect::<Result<Vec<_>, _>>();
     drop(progress);
     results.extend(assembled?);
     let resume = Options { resume: true, ..opts.clone() };
-    let (_, derived) = split_files(tree);
+    let derived: Files = listed.iter().filter(|(_, f)| f.is_derived()).cloned().collect();
     let progress = Progress::start(derived.iter().map(|(_, f)| f.size()).sum(), false);
     results.extend(write_derived(out, &derived, &resume, &progress.done)?);
     drop(progress);

@@ -184,6 +184,11 @@ impl Fs {
         }
     }
 
+    /// Bytes and number of the view's files (for statfs).
+    pub fn totals(&self) -> (u64, u64) {
+        self.tree.vfiles().fold((0, 0), |(b, n), f| (b + f.size(), n + 1))
+    }
+
     /// Whether the file's bytes are all source bytes, literals or zeros (not computed).
     pub fn is_identity(&self, ino: Ino) -> bool {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_identity())

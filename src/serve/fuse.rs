@@ -305,9 +305,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self.fs.tree().files();
-        let bytes: u64 = files.iter().map(|(_, f)| f.size()).sum();
-        reply.statfs(bytes.div_ceil(4096), 0, 0, files.len() as u64, 0, 4096, 255, 4096);
+        let (bytes, files) = self.fs.totals();
+        reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
 }
 

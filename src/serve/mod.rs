@@ -102,7 +102,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     };
     let owner = ownership_of(source_path).map_err(|e| format!("{}: {e}", source_path.display()))?;
     let stats: Arc<fs::Stats> = Arc::default();
-    let stats_json = stats_content(stats.clone(), cache.clone(), tree.files().len());
+    let stats_json = stats_content(stats.clone(), cache.clone(), tree.vfiles().count());
     if want_stats {
         let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
         tree.add_dynamic(hidden, "stats.json", stats_json.clone());
@@ -124,12 +124,16 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
         libc::malloc_trim(0);
     }
     // Passthrough only where files are whole source files (INT8 tree mounts).
-    let passthrough_files = fs.tree().files().iter().any(|(_, f)| f.whole_source().is_some());
-    let adapter = fuse::FuseAdapter { fs: fs.clone(), max_read: opts.max_read, max_background: opts.max_background, direct_io: opts.direct_io,
+    let passthrough_files = fs.tree().vfiles().any(|f| f.whole_source().is_some());
+    let adapter = fuse::FuseAdapter {
+        fs: fs.clone(),
+        max_read: opts.max_read,
+        max_background: opts.max_background,
+        direct_io: opts.direct_io,
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
-        passthrough_files, mount_path: mount_path.clone(),
+        passthrough_files,
+        mount_path: mount_path.clone(),
     };
-
 
     let mut config = Config::default();
     config.mount_options = vec![
@@ -179,7 +183,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
             }
         });
     }
-    tracing::info!("mounted {} on {} ({} files)", source_path.display(), mount_path.display(), fs.tree().files().len());
+    tracing::info!("mounted {} on {} ({} files)", source_path.display(), mount_path.display(), fs.tree().vfiles().count());
     ready.ready(opts.log_file.as_deref());
     // Returns only on errors: a normal end (the kernel unmounted) exits in `destroy`.
     session.run().map_err(|e| format!("FUSE session: {e}"))?;

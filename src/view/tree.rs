@@ -95,6 +95,14 @@ impl Tree {
         self.add(parent, name, NodeKind::File(file))
     }
 
+    /// Every file, in no particular order and without building paths (counts, sizes).
+    pub fn vfiles(&self) -> impl Iterator<Item = &Arc<VirtualFile>> {
+        self.nodes.iter().filter_map(|n| match &n.kind {
+            NodeKind::File(f) => Some(f),
+            _ => None,
+        })
+    }
+
     /// Every file with its path relative to the root, depth first in name order.
     pub fn files(&self) -> Vec<(String, Arc<VirtualFile>)> {
         let mut out = Vec::new();
