@@ -280,6 +280,7 @@ fn verify_finds_damage_the_manifests_describe() {
         (v4.path().to_path_buf(), "view=requant", "quant-00001-of-00003.safetensors", "hashes to"),
         (sample(), "top_k=2", "sample-moe.pack", "does not match sample-moe.pack"),
         (v4.path().to_path_buf(), "view=bf16-cache", "non-expert-000.safetensors", "does not match its digest"),
+        (sample(), "view=kt-int8,numa_count=2", "_layer_1/_numa_0/INT8_up_3_16384Byte_quant_.kt", "does not match its digest in kt-weight-manifest.json"),
     ];
     for (source, opts, victim, message) in cases {
         let out = tempfile::tempdir().unwrap();

@@ -225,7 +225,9 @@ pub fn run_partition(
     let dir = parts_dir(out);
     let listed = tree.files();
     let plan = make_plan(source, &listed, part.count, piece_bytes, command);
-    if let Some(name) = plan.derived.iter().find(|n| !dir.exists() && out.join(n).exists()) {
+    if !dir.exists()
+        && let Some(name) = plan.derived.iter().find(|n| out.join(n).exists())
+    {
         return Err(MaterializeError::Refused(format!("{} is a finished output ({name} exists): remove it to start again", out.display())));
     }
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;

@@ -54,6 +54,27 @@ impl Passthrough {
         self.enabled.load(Ordering::Relaxed)
     }
 
+    /// A handle for `ino` and its backing id: the inode's existing one, or `source`
+    /// registered with the kernel now. The handle keeps the id alive until `release`.
+    fn open(&self, ino: u64, source: &crate::source::SourceFile, reply: &ReplyOpen) -> std::io::Result<(u64, Arc<BackingId>)> {
+        let mut by_inode = self.by_inode.lock();
+        let id = match by_inode.get(&ino).and_then(Weak::upgrade) {
+            Some(id) => id,
+            None => {
+                let id = Arc::new(reply.open_backing(source.file())?);
+                by_inode.insert(ino, Arc::downgrade(&id));
+                id
+            }
+        };
+        drop(by_inode);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if self.opens.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::info!("passthrough: first open served from its backing file ({})", source.path().display());
+        }
+        self.by_handle.lock().insert(fh, id.clone());
+        Ok((fh, id))
+    }
+
     fn disable(&self, why: &str) {
         if self.enabled.swap(false, Ordering::Relaxed) {
             tracing::warn!("FUSE passthrough unavailable ({why}): reads go through the daemon");
@@ -170,30 +191,16 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if self.passthrough.is_enabled() && self.fs.open(ino.0, flags.0).is_ok() {
+        if let Err(e) = self.fs.open(ino.0, flags.0) {
+            log_err("open", &e);
+            return reply.error(errno(&e));
+        }
+        if self.passthrough.is_enabled() {
             match self.fs.passthrough_source(ino.0) {
-                Ok(Some(source)) => {
-                    let pt = &self.passthrough;
-                    let mut by_inode = pt.by_inode.lock();
-                    let id = match by_inode.get(&ino.0).and_then(Weak::upgrade) {
-                        Some(id) => Ok(id),
-                        None => reply.open_backing(source.file()).map(Arc::new),
-                    };
-                    match id {
-                        Ok(id) => {
-                            by_inode.insert(ino.0, Arc::downgrade(&id));
-                            drop(by_inode);
-                            let fh = pt.next_fh.fetch_add(1, Ordering::Relaxed);
-                            if pt.opens.fetch_add(1, Ordering::Relaxed) == 0 {
-                                tracing::info!("passthrough: first open served from its backing file ({})", source.path().display());
-                            }
-                            reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-                            pt.by_handle.lock().insert(fh, id);
-                            return;
-                        }
-                        Err(e) => pt.disable(&format!("backing file registration failed: {e}")),
-                    }
-                }
+                Ok(Some(source)) => match self.passthrough.open(ino.0, &source, &reply) {
+                    Ok((fh, id)) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                    Err(e) => self.passthrough.disable(&format!("backing file registration failed: {e}")),
+                },
                 Ok(None) => {}
                 Err(e) => {
                     log_err("open", &e);
@@ -201,23 +208,20 @@ impl Filesystem for FuseAdapter {
                 }
             }
         }
-        match self.fs.open(ino.0, flags.0) {
+        if self.fs.is_dynamic(ino.0) {
             // Status files are generated per read: no page cache.
-            Ok(()) if self.fs.is_dynamic(ino.0) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+        } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) {
             // Direct I/O: source bytes are page-cached as the source already; a second copy
             // in the mount's page cache would only cost memory and a slower cold path.
-            Ok(()) if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) => {
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
-            }
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+        } else {
             // Immutable contents: keep the kernel's page cache across opens.
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => {
-                log_err("open", &e);
-                reply.error(errno(&e))
-            }
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn read(
         &self,
         _req: &Request,

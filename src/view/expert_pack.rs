@@ -795,10 +795,10 @@ pub fn build(source: &Source, store: &DigestStore, opts: &PackOptions) -> Result
     // The pack's digest: remembered in the store with the source's digests.
     let pack_digest = {
         let (pack, file, store) = (pack.clone(), file.clone(), store.clone());
-        let once = std::sync::OnceLock::new();
+        let once: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         move || -> Result<String, ViewError> {
             if let Some(h) = once.get() {
-                return Ok(std::string::String::clone(h));
+                return Ok(h.clone());
             }
             let key = pack.store_key();
             if let Some(h) = pack.digests.views.get(&key) {
