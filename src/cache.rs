@@ -99,7 +99,7 @@ impl ChunkCache {
     }
 
     /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
-    pub fn get_or_compute(&self, key: Key, compute: impl FnOnce() -> Result<Vec<u8>, ViewError>) -> Result<Arc<[u8]>, ViewError> {
+    pub fn get_or_compute<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, ViewError>) -> Result<Arc<[u8]>, ViewError> {
         if let Some(v) = self.lookup(&key) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(v);
@@ -132,7 +132,7 @@ impl ChunkCache {
         // A panic in `compute` must not leave waiters hanging.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(compute))
             .unwrap_or_else(|_| Err(ViewError::Internal("chunk computation panicked".into())))
-            .map(Arc::<[u8]>::from);
+            .map(Into::into);
         if let Ok(v) = &result {
             self.stats.bytes_computed.fetch_add(v.len() as u64, Ordering::Relaxed);
             self.insert(key, v.clone());
@@ -201,8 +201,8 @@ mod tests {
     #[test]
     fn errors_and_panics_reach_every_waiter_and_are_not_cached() {
         let c = ChunkCache::new(1000);
-        assert!(c.get_or_compute((1, 1), || Err(ViewError::Internal("boom".into()))).is_err());
-        assert!(c.get_or_compute((1, 1), || panic!("bad chunk")).is_err());
+        assert!(c.get_or_compute((1, 1), || Err::<Vec<u8>, _>(ViewError::Internal("boom".into()))).is_err());
+        assert!(c.get_or_compute((1, 1), || -> Result<Vec<u8>, ViewError> { panic!("bad chunk") }).is_err());
         assert_eq!(c.get_or_compute((1, 1), || Ok(vec![1])).unwrap().len(), 1);
     }
 }

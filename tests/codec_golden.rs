@@ -25,7 +25,7 @@ fn parse(path: &str) -> Vec<Record> {
     let count = u32::from_le_bytes(data[4..8].try_into().unwrap()) as usize;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
-        let mut take = |pos: &mut usize| {
+        let take = |pos: &mut usize| {
             let n = u32_at(pos);
             let v = data[*pos..*pos + n].to_vec();
             *pos += n;

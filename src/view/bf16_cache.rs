@@ -281,7 +281,7 @@ impl ChunkSource for Fp8Chunks {
                 };
                 ViewError::Content { tensor: self.name.clone(), rule }
             })?;
-            Ok(out.iter().flat_map(|v| v.to_le_bytes()).collect())
+            Ok(out.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
         })
     }
 }

@@ -87,6 +87,14 @@ struct Experts {
     mats: BTreeMap<(u64, usize, usize), (Matrix, String)>,
 }
 
+/// `{prefix}{layer}{infix}{expert}.{proj}` -> (layer, expert, role), `projs` naming the
+/// gate, up and down projections in that order.
+fn expert_name<'a>(name: &'a str, prefix: &str, infix: &str, projs: [&str; 3]) -> Option<(u64, &'a str, usize)> {
+    let (layer, rest) = name.strip_prefix(prefix)?.split_once(infix)?;
+    let (expert, proj) = rest.split_once('.')?;
+    Some((layer.parse().ok()?, expert, projs.iter().position(|p| *p == proj)?))
+}
+
 fn find_experts(source: &Source) -> Result<Experts, ViewError> {
     let mut mats = BTreeMap::new();
     let (mut hidden, mut inter, mut experts, mut decode) = (0usize, 0usize, 0usize, String::new());
@@ -109,54 +117,36 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
             continue;
         }
         // DeepSeek native MXFP4
-        if let Some(rest) = t.name.strip_prefix("layers.") {
-            if let Some((layer, rest)) = rest.split_once(".ffn.experts.") {
-                if let (Some((expert, proj)), Ok(layer)) = (rest.split_once('.'), layer.parse::<u64>()) {
-                    let role = match proj {
-                        "w1.weight" => 0,
-                        "w3.weight" => 1,
-                        "w2.weight" => 2,
-                        _ => continue,
-                    };
-                    let e: usize = expert.parse().map_err(|_| err(format!("{}: bad expert index", t.name)))?;
-                    let scale_name = format!("{}.scale", t.name.strip_suffix(".weight").unwrap());
-                    let s = by_name.get(scale_name.as_str()).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor", t.name)))?;
-                    let (n, k) = (t.shape[0] as usize, t.shape[1] as usize * 2);
-                    if s.shape != [n as u64, (k / 32) as u64] {
-                        return Err(err(format!("{}: packing mismatch with its scale {:?}", t.name, s.shape)));
-                    }
-                    let (h, i) = if role == 2 { (n, k) } else { (k, n) };
-                    (hidden, inter) = (h, i);
-                    experts = experts.max(e + 1);
-                    decode = "DeepSeek MXFP4 (E2M1 x E8M0) -> f32, exact".into();
-                    mats.insert((layer, e, role), (Matrix::Mxfp4 { w: source.files[t.file].clone(), w_off: t.offset, s: source.files[s.file].clone(), s_off: s.offset }, t.name.clone()));
-                    continue;
-                }
+        if let Some((layer, expert, role)) = expert_name(&t.name, "layers.", ".ffn.experts.", ["w1.weight", "w3.weight", "w2.weight"]) {
+            let e: usize = expert.parse().map_err(|_| err(format!("{}: bad expert index", t.name)))?;
+            let scale_name = format!("{}.scale", t.name.strip_suffix(".weight").unwrap());
+            let s = by_name.get(scale_name.as_str()).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor", t.name)))?;
+            let (n, k) = (t.shape[0] as usize, t.shape[1] as usize * 2);
+            if s.shape != [n as u64, (k / 32) as u64] {
+                return Err(err(format!("{}: packing mismatch with its scale {:?}", t.name, s.shape)));
             }
+            let (h, i) = if role == 2 { (n, k) } else { (k, n) };
+            (hidden, inter) = (h, i);
+            experts = experts.max(e + 1);
+            decode = "DeepSeek MXFP4 (E2M1 x E8M0) -> f32, exact".into();
+            mats.insert((layer, e, role), (Matrix::Mxfp4 { w: source.files[t.file].clone(), w_off: t.offset, s: source.files[s.file].clone(), s_off: s.offset }, t.name.clone()));
+            continue;
         }
         // Hugging Face dense experts
-        if let Some(rest) = t.name.strip_prefix("model.layers.") {
-            if let Some((layer, rest)) = rest.split_once(".mlp.experts.") {
-                if let (Some((expert, proj)), Ok(layer)) = (rest.split_once('.'), layer.parse::<u64>()) {
-                    let role = match proj {
-                        "gate_proj.weight" => 0,
-                        "up_proj.weight" => 1,
-                        "down_proj.weight" => 2,
-                        _ => continue,
-                    };
-                    let e: usize = expert.parse().map_err(|_| err(format!("{}: bad expert index", t.name)))?;
-                    let dtype = match t.dtype {
-                        TensorDtype::Safetensors(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
-                        other => return Err(err(format!("{}: dense experts must be BF16, F16 or F32, got {}", t.name, other.name()))),
-                    };
-                    let (n, k) = (t.shape[0] as usize, t.shape[1] as usize);
-                    let (h, i) = if role == 2 { (n, k) } else { (k, n) };
-                    (hidden, inter) = (h, i);
-                    experts = experts.max(e + 1);
-                    decode = format!("{dtype:?} -> f32, exact");
-                    mats.insert((layer, e, role), (Matrix::Dense { f: source.files[t.file].clone(), off: t.offset, dtype }, t.name.clone()));
-                }
-            }
+        if let Some((layer, expert, role)) =
+            expert_name(&t.name, "model.layers.", ".mlp.experts.", ["gate_proj.weight", "up_proj.weight", "down_proj.weight"])
+        {
+            let e: usize = expert.parse().map_err(|_| err(format!("{}: bad expert index", t.name)))?;
+            let dtype = match t.dtype {
+                TensorDtype::Safetensors(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
+                other => return Err(err(format!("{}: dense experts must be BF16, F16 or F32, got {}", t.name, other.name()))),
+            };
+            let (n, k) = (t.shape[0] as usize, t.shape[1] as usize);
+            let (h, i) = if role == 2 { (n, k) } else { (k, n) };
+            (hidden, inter) = (h, i);
+            experts = experts.max(e + 1);
+            decode = format!("{dtype:?} -> f32, exact");
+            mats.insert((layer, e, role), (Matrix::Dense { f: source.files[t.file].clone(), off: t.offset, dtype }, t.name.clone()));
         }
     }
     if mats.is_empty() {
@@ -230,7 +220,7 @@ impl ChunkSource for Int8Chunks {
                     self.cache.put((self.id, i as u64), v.clone());
                 }
             }
-            Ok(all[id as usize].to_vec())
+            Ok(all[id as usize].clone())
         })
     }
 }
