@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install what xpackfs and its tests need on a fresh Debian machine (run as root):
-# fuse3 (mount.fuse3, fusermount3), util-linux (mount, unshare), the Python peers.
+# fuse3 (mount.fuse3, fusermount3), util-linux (mount, unshare), util-linux-extra (fincore,
+# which the page-cache tests use), the Python peers.
 set -euo pipefail
 need_apt=()
 command -v mount.fuse3 >/dev/null || need_apt+=(fuse3)
 command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v fincore >/dev/null || need_apt+=(util-linux-extra)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 command -v git >/dev/null || need_apt+=(git)
 if ((${#need_apt[@]})); then
