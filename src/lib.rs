@@ -6,7 +6,6 @@
 //! [`serve`] (FUSE) and materialisation read views through the same
 //! [`view::VirtualFile::read_at`].
 
-pub mod cache;
 pub mod cli;
 pub mod codec;
 pub mod digest;
@@ -15,7 +14,7 @@ pub mod materialize;
 pub mod pyjson;
 pub mod serve;
 pub mod source;
-pub mod validate_int8;
+pub mod util;
 pub mod view;
 
 /// Git revision of this build ("unknown" outside a checkout).

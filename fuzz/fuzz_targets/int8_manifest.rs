@@ -12,5 +12,5 @@ fuzz_target!(|data: &[u8]| {
         std::fs::write(numa.join("INT8_gate_0_4096Byte_quant_.kt"), vec![0u8; 4096]).unwrap();
     }
     std::fs::write(root.join("kt-weight-manifest.json"), data).unwrap();
-    let _ = xpackfs::validate_int8::validate(&root, &Default::default(), Some(true));
+    let _ = xpackfs::view::kt_int8::validate::validate(&root, &Default::default(), Some(true));
 });

@@ -15,6 +15,7 @@
 //! those digests instead of reading anything again and record them in the digest store.
 //! [`partition`] splits the first phase across processes or machines.
 
+mod hash;
 pub mod partition;
 mod write;
 
@@ -293,7 +294,7 @@ fn verify_manifests(out: &Path, results: &[FileResult]) -> Result<(), Materializ
         } else if name == crate::view::kt_int8::MANIFEST_NAME {
             // The tree's rules by the validator; its digests against the files' (re-hashed
             // from disk just before), so the files are not read a third time.
-            crate::validate_int8::validate(out, &crate::validate_int8::Expect::default(), Some(false))
+            crate::view::kt_int8::validate::validate(out, &crate::view::kt_int8::validate::Expect::default(), Some(false))
                 .map_err(|e| refuse(format!("INT8 tree: {e}")))?;
             for layer in read(name)?["layers"].as_array().into_iter().flatten() {
                 for f in layer["files"].as_array().into_iter().flatten() {
@@ -338,7 +339,7 @@ fn verify_requant_shard(out: &Path, shard: &str, m: &Value) -> Result<(), Materi
         if Some(b - a) != t["output_bytes"].as_u64() {
             return Err(refuse(format!("tensor {tname} has {} bytes, the manifest says {}", b - a, t["output_bytes"])));
         }
-        let mut h = crate::digest::RangeHasher::new(0, b - a, &[]);
+        let mut h = hash::RangeHasher::new(0, b - a, &[]);
         write::hash_file_range(&f, &path, 8 + hlen + a, b - a, &mut h).map_err(|e| refuse(e.to_string()))?;
         let got = h.finish().0;
         if Some(got.as_str()) != t["output_sha256"].as_str() {

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::write::{self, partial_paths, write_one};
 use super::{check_space, io, write_derived, FileResult, Files, MaterializeError, Options, Progress};
-use crate::digest::RangeHasher;
+use super::hash::RangeHasher;
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::source::Source;
 use crate::view::{Tree, VirtualFile};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::{io, FileResult, MaterializeError, Options};
-use crate::digest::RangeHasher;
+use super::hash::RangeHasher;
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::view::VirtualFile;
 

@@ -22,10 +22,10 @@ use options::MountOptions;
 
 /// Build the view tree a mount of `source` with `opts` serves.
 pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewError> {
-    build_tree_with_cache(source, opts, Arc::new(crate::cache::ChunkCache::new(opts.cache_mb << 20)))
+    build_tree_with_cache(source, opts, Arc::new(crate::view::cache::ChunkCache::new(opts.cache_mb << 20)))
 }
 
-pub fn build_tree_with_cache(source: &Source, opts: &MountOptions, cache: Arc<crate::cache::ChunkCache>) -> Result<Tree, ViewError> {
+pub fn build_tree_with_cache(source: &Source, opts: &MountOptions, cache: Arc<crate::view::cache::ChunkCache>) -> Result<Tree, ViewError> {
     let store = DigestStore::from_option(opts.digest_store.as_deref());
     let view = match opts.view.as_str() {
         "auto" if source.safetensors().is_some() => "bf16-cache",
@@ -91,11 +91,11 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     };
     opts.pack.pack_dir = opts.mountpoint_path.clone().unwrap_or_else(|| mount_path.clone());
 
-    let cache = Arc::new(crate::cache::ChunkCache::new(opts.cache_mb << 20));
-    let int8_tree = crate::view::int8_tree::is_int8_tree(source_path);
+    let cache = Arc::new(crate::view::cache::ChunkCache::new(opts.cache_mb << 20));
+    let int8_tree = crate::view::kt_int8::tree::is_int8_tree(source_path);
     let want_stats = opts.stats.unwrap_or(!int8_tree && opts.view != "kt-int8");
     let mut tree = if int8_tree {
-        crate::view::int8_tree::build(source_path, opts.verify_hashes).map_err(|e| e.to_string())?
+        crate::view::kt_int8::tree::build(source_path, opts.verify_hashes).map_err(|e| e.to_string())?
     } else {
         let source = Source::open(source_path).map_err(|e| e.to_string())?;
         build_tree_with_cache(&source, &opts, cache.clone()).map_err(|e| e.to_string())?
@@ -191,7 +191,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
 }
 
 /// `/.xpackfs/stats.json`: counters of the mount, generated at each read.
-fn stats_content(stats: Arc<fs::Stats>, cache: Arc<crate::cache::ChunkCache>, files: usize) -> crate::view::tree::DynamicContent {
+fn stats_content(stats: Arc<fs::Stats>, cache: Arc<crate::view::cache::ChunkCache>, files: usize) -> crate::view::tree::DynamicContent {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     Arc::new(move || {

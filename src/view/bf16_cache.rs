@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::cache::ChunkCache;
+use crate::view::cache::ChunkCache;
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};

@@ -2,9 +2,9 @@
 //! bytes, zeros and computed chunks. Nothing here knows about FUSE.
 
 pub mod bf16_cache;
+pub mod cache;
 pub mod expert_pack;
 pub mod imatrix;
-pub mod int8_tree;
 pub mod kt_int8;
 pub mod requant;
 pub mod tree;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::cache::ChunkCache;
+use crate::view::cache::ChunkCache;
 use crate::codec::{self, mxfp4, QuantType};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};

@@ -10,6 +10,9 @@
 //! part's quant and scale file is computed from it (per-row INT8, VNNI packing), through the
 //! chunk cache. The manifest's digests are computed on first read and remembered.
 
+pub mod tree;
+pub mod validate;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use safetensors::Dtype;
 use serde_json::{json, Value};
 
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::cache::ChunkCache;
+use crate::view::cache::ChunkCache;
 use crate::codec::{self, kt_int8};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};

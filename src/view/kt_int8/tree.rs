@@ -15,16 +15,16 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{Extent, Ino, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::view::{Extent, Ino, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::source::SourceFile;
-use crate::validate_int8::{self, Expect, LEGACY_MANIFEST_NAME, MANIFEST_NAME};
+use super::validate::{self, Expect, LEGACY_MANIFEST_NAME, MANIFEST_NAME};
 
 pub fn is_int8_tree(path: &Path) -> bool {
     path.is_dir() && (path.join(MANIFEST_NAME).exists() || path.join(LEGACY_MANIFEST_NAME).exists())
 }
 
 pub fn build(root: &Path, verify_hashes: bool) -> Result<Tree, ViewError> {
-    let v = validate_int8::validate(root, &Expect::default(), Some(verify_hashes))
+    let v = validate::validate(root, &Expect::default(), Some(verify_hashes))
         .map_err(|e| ViewError::Layout { view: "int8-tree", rule: format!("invalid INT8 tree {}: {e}", root.display()) })?;
     let mut tree = Tree::new();
     add_dir(&mut tree, ROOT_INO, &v.root)?;

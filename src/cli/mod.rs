@@ -1,6 +1,8 @@
 //! Command line: `mount` (also reached as `xpackfs SOURCE MOUNTPOINT -o ...`, the form
 //! `mount.fuse3` execs for `mount -t fuse.xpackfs`), `inspect` and `digest`.
 
+mod inspect;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -239,7 +241,7 @@ pub fn main() -> i32 {
                 },
                 None => None,
             };
-            let expect = crate::validate_int8::Expect {
+            let expect = crate::view::kt_int8::validate::Expect {
                 layers,
                 numa_count: m.get_one::<i64>("numa").copied(),
                 expert_num: m.get_one::<i64>("experts").copied(),
@@ -249,7 +251,7 @@ pub fn main() -> i32 {
             let verify = if m.get_flag("verify-hashes") { Some(true) } else if m.get_flag("no-verify-hashes") { Some(false) } else { None };
             let root = m.get_one::<PathBuf>("root").unwrap();
             let root = if root.is_absolute() { root.clone() } else { std::env::current_dir().unwrap_or_default().join(root) };
-            match crate::validate_int8::validate(&root, &expect, verify) {
+            match crate::view::kt_int8::validate::validate(&root, &expect, verify) {
                 Ok(v) => {
                     println!("{}", serde_json::to_string(&v).unwrap());
                     0
@@ -262,7 +264,7 @@ pub fn main() -> i32 {
         }
         Some(("inspect", m)) => {
             let pack = m.get_one::<PathBuf>("pack").unwrap();
-            match crate::view::expert_pack::inspect(pack, *m.get_one::<usize>("limit").unwrap()) {
+            match inspect::inspect(pack, *m.get_one::<usize>("limit").unwrap()) {
                 Ok(v) => {
                     println!("{}", crate::pyjson::dumps(&v, &crate::pyjson::Style::PRETTY_SORTED));
                     0

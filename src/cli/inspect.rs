@@ -1,0 +1,53 @@
+//! `xpackfs inspect`: the seed's `inspect_pack` summary of any expert-pack file (a mount's,
+//! a materialized copy, or one written by SGLang's own builder).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::view::expert_pack::format::{IndexEntry, PackHeader, ENTRY_BYTES, FORMAT, HEADER_BYTES, ROLE_NAMES};
+
+/// The seed's `inspect_pack` summary of any pack file.
+pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let size = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
+    let mut hb = vec![0u8; HEADER_BYTES as usize];
+    f.read_exact_at(&mut hb, 0).map_err(|e| format!("{}: cannot read the header: {e}", path.display()))?;
+    let header = PackHeader::decode(&hb).ok_or_else(|| format!("{}: not an {FORMAT} file (bad magic)", path.display()))?;
+    if header.header_bytes as u64 != HEADER_BYTES || header.entry_bytes as u64 != ENTRY_BYTES {
+        return Err(format!("{}: header_bytes/entry_bytes are {}/{}, expected {HEADER_BYTES}/{ENTRY_BYTES}", path.display(), header.header_bytes, header.entry_bytes));
+    }
+    let index_bytes = header
+        .index_count
+        .checked_mul(ENTRY_BYTES)
+        .filter(|n| HEADER_BYTES + n <= size && HEADER_BYTES + n <= header.data_start)
+        .ok_or_else(|| format!("{}: index of {} entries does not fit before data_start {} / file size {size}", path.display(), header.index_count, header.data_start))?;
+    let mut role_counts = BTreeMap::new();
+    let mut payload = 0u64;
+    let mut first = Vec::new();
+    let mut buf = vec![0u8; (ENTRY_BYTES * 4096) as usize];
+    let mut off = 0u64;
+    while off < index_bytes {
+        let n = (index_bytes - off).min(buf.len() as u64) as usize;
+        f.read_exact_at(&mut buf[..n], HEADER_BYTES + off).map_err(|e| format!("{}: {e}", path.display()))?;
+        for chunk in buf[..n].chunks_exact(ENTRY_BYTES as usize) {
+            let e = IndexEntry::decode(chunk);
+            let role = ROLE_NAMES.get(e.role_id as usize).copied().unwrap_or("unknown");
+            *role_counts.entry(role.to_string()).or_insert(0u64) += 1;
+            payload += e.pack_nbytes;
+            if first.len() < limit {
+                first.push(serde_json::to_value(&e).unwrap());
+            }
+        }
+        off += n as u64;
+    }
+    Ok(json!({
+        "path": path.to_string_lossy(),
+        "size": size,
+        "header": header,
+        "role_counts": role_counts,
+        "payload_bytes": payload,
+        "entries": first,
+    }))
+}

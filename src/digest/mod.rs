@@ -1,0 +1,117 @@
+//! Content digests of a source, and the digest store that remembers them.
+//!
+//! Some views carry content digests *inside* their bytes (the expert pack's header holds
+//! the source's sha256, its index every slice's sha256). Hashing a 150 GB source takes
+//! minutes, so digests are computed once, in one sequential pass that feeds every hasher
+//! (whole source, header region, each tensor, each expert slice) from the same buffers,
+//! and then remembered in a store keyed by the source files' identity (device, inode,
+//! size, mtime, ctime). A later mount of an unchanged source finds them there and reads
+//! nothing but headers. Any change to a file changes its identity and so misses the store.
+//!
+//! Store layout: one JSON file per source, `<store>/<key>.json`, where key is the sha256
+//! of the canonical JSON of the files' paths and identities. Written atomically.
+
+
+mod pass;
+mod store;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::source::{FileIdentity, Source, SourceError};
+
+pub use crate::util::{hex, sha256_hex};
+pub use pass::compute;
+pub use store::DigestStore;
+
+pub const STORE_FORMAT: &str = "xpackfs-digests-v1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DigestError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("digest store {}: {what}", path.display())]
+    Store { path: PathBuf, what: String },
+    #[error("source sha256 mismatch: expected {expected}, the source hashes to {actual}")]
+    Mismatch { expected: String, actual: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileRecord {
+    pub path: PathBuf,
+    pub identity: FileIdentity,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TensorDigest {
+    pub sha256: String,
+    /// sha256 of each of `slices.len()` equal slices, for tensors split per expert.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<String>,
+}
+
+/// Digests of one source, as computed and as stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SourceDigests {
+    pub format: String,
+    pub files: Vec<FileRecord>,
+    /// sha256 of the source (of the concatenated files, for a split set).
+    pub source_sha256: String,
+    /// sha256 of each file's header region `[0, data_offset)`, concatenated.
+    pub header_sha256: String,
+    pub tensors: BTreeMap<String, TensorDigest>,
+    pub computed_at: String,
+    pub elapsed_s: f64,
+    /// Digests of whole view files that depend only on the source and their
+    /// parameters, keyed by view and a hash of those parameters.
+    #[serde(default)]
+    pub views: BTreeMap<String, String>,
+}
+
+/// Which tensors get per-slice digests, and how many slices.
+pub fn expert_slices(t: &crate::source::TensorInfo) -> Option<u64> {
+    let n = *t.shape.get(2)?;
+    (t.shape.len() == 3 && t.name.ends_with("_exps.weight") && n > 0 && t.nbytes % n == 0).then_some(n)
+}
+
+pub fn file_records(source: &Source) -> Vec<FileRecord> {
+    source.files.iter().map(|f| FileRecord { path: f.path().to_path_buf(), identity: f.identity() }).collect()
+}
+
+pub(crate) fn covers(d: &SourceDigests, source: &Source) -> bool {
+    source.tensors.iter().all(|t| {
+        d.tensors
+            .get(&t.name)
+            .is_some_and(|td| td.slices.len() as u64 == expert_slices(t).unwrap_or(0))
+    })
+}
+
+/// Digests for a source: from the store when it has them, else computed (and stored).
+/// When `expected_source_sha256` is given, the digests must agree with it.
+pub fn obtain(source: &Source, store: &DigestStore, expected_source_sha256: Option<&str>) -> Result<SourceDigests, DigestError> {
+    let digests = match store.load(source) {
+        Some(d) => {
+            tracing::info!("source digests from the store ({})", store.path_for(source).unwrap().display());
+            d
+        }
+        None => {
+            tracing::info!("hashing source {} ({} bytes) once; the digests will be remembered", source.files[0].path().display(), source.logical_size());
+            let d = compute(source)?;
+            tracing::info!("hashed in {:.1}s, sha256 {}", d.elapsed_s, d.source_sha256);
+            match store.save(&d) {
+                Ok(Some(p)) => tracing::info!("digests stored in {}", p.display()),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("could not store digests: {e}"),
+            }
+            d
+        }
+    };
+    if let Some(expected) = expected_source_sha256 {
+        if !expected.eq_ignore_ascii_case(&digests.source_sha256) {
+            return Err(DigestError::Mismatch { expected: expected.to_string(), actual: digests.source_sha256 });
+        }
+    }
+    Ok(digests)
+}

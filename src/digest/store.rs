@@ -1,0 +1,104 @@
+//! The digest store: digests of sources and of view files remembered on disk, keyed by
+//! the identity of the source files (not their device number: see [`DigestStore::key`]).
+//! Entries are written atomically (temp file, fsync, rename).
+
+use std::path::PathBuf;
+
+use super::{covers, file_records, DigestError, FileRecord, SourceDigests, STORE_FORMAT};
+use crate::source::Source;
+use crate::util::sha256_hex;
+
+/// Where digests are remembered. `None` disables the store.
+#[derive(Debug, Clone)]
+pub struct DigestStore {
+    pub dir: Option<PathBuf>,
+}
+
+impl DigestStore {
+    /// `$XPACKFS_DIGEST_STORE`, else `/var/lib/xpackfs/digests` for root, else
+    /// `$XDG_CACHE_HOME/xpackfs/digests` (or `~/.cache/xpackfs/digests`).
+    pub fn default_dir() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("XPACKFS_DIGEST_STORE") {
+            return Some(PathBuf::from(p));
+        }
+        if unsafe { libc::geteuid() } == 0 {
+            return Some(PathBuf::from("/var/lib/xpackfs/digests"));
+        }
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(cache.join("xpackfs/digests"))
+    }
+
+    pub fn from_option(opt: Option<&str>) -> Self {
+        match opt {
+            Some("none") | Some("off") => DigestStore { dir: None },
+            Some(p) => DigestStore { dir: Some(PathBuf::from(p)) },
+            None => DigestStore { dir: Self::default_dir() },
+        }
+    }
+
+    /// Keyed by path, inode, size, mtime and ctime, not by the device number: the clients of
+    /// a network filesystem see the same file under different device numbers, and a store on
+    /// that filesystem is meant to be shared by them (a cluster materialize, several mounts).
+    fn key(files: &[FileRecord]) -> String {
+        let v = serde_json::to_value(portable(files)).expect("serializable");
+        sha256_hex(crate::pyjson::dumps(&v, &crate::pyjson::Style::CANONICAL).as_bytes())
+    }
+
+    pub fn path_for(&self, source: &Source) -> Option<PathBuf> {
+        Some(self.dir.as_ref()?.join(format!("{}.json", Self::key(&file_records(source)))))
+    }
+
+    /// Stored digests for this exact source (same paths and identities), if any.
+    pub fn load(&self, source: &Source) -> Option<SourceDigests> {
+        let path = self.path_for(source)?;
+        let text = std::fs::read(&path).ok()?;
+        match serde_json::from_slice::<SourceDigests>(&text) {
+            Ok(d) if d.format == STORE_FORMAT && portable(&d.files) == portable(&file_records(source)) && covers(&d, source) => Some(d),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("ignoring unreadable digest store entry {}: {e}", path.display());
+                None
+            }
+        }
+    }
+
+    pub fn save(&self, digests: &SourceDigests) -> Result<Option<PathBuf>, DigestError> {
+        let Some(dir) = &self.dir else { return Ok(None) };
+        let path = dir.join(format!("{}.json", Self::key(&digests.files)));
+        let err = |what: String| DigestError::Store { path: path.clone(), what };
+        std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create directory: {e}")))?;
+        let text = serde_json::to_vec(digests).map_err(|e| err(e.to_string()))?;
+        crate::fsutil::write_atomic(&path, &text).map_err(|e| err(e.to_string()))?;
+        Ok(Some(path))
+    }
+}
+
+impl DigestStore {
+    fn view_path(&self, key: &str) -> Option<PathBuf> {
+        Some(self.dir.as_ref()?.join("views").join(format!("{key}.json")))
+    }
+
+    /// Digests of a view's files remembered under `key` (which must cover the source's
+    /// identity and the view's parameters).
+    pub fn load_view(&self, key: &str) -> Option<Vec<String>> {
+        let text = std::fs::read(self.view_path(key)?).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    pub fn save_view(&self, key: &str, hashes: &[String]) -> Result<(), DigestError> {
+        let Some(path) = self.view_path(key) else { return Ok(()) };
+        let err = |what: String| DigestError::Store { path: path.clone(), what };
+        std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| err(format!("cannot create directory: {e}")))?;
+        crate::fsutil::write_atomic(&path, &serde_json::to_vec(hashes).unwrap()).map_err(|e| err(e.to_string()))
+    }
+}
+
+/// File records without the device number (see [`DigestStore`]'s key).
+fn portable(files: &[FileRecord]) -> Vec<FileRecord> {
+    files
+        .iter()
+        .map(|f| FileRecord { path: f.path.clone(), identity: crate::source::FileIdentity { device: 0, ..f.identity } })
+        .collect()
+}
