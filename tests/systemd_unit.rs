@@ -67,12 +67,11 @@ fn fstab_and_mount_unit_examples_use_the_helper_type() {
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(fields[2], "fuse.xpackfs");
     // Every option in the examples is one xpackfs accepts.
-    let mut opts = xpackfs::serve::options::MountOptions::default();
-    opts.apply_list(fields[3]).unwrap();
+    xpackfs::cli::check_mount_options(fields[3]).unwrap();
     let unit = std::fs::read_to_string(repo().join("systemd/mnt-deepseek\\x2dv4\\x2dflash.mount")).unwrap();
     assert_eq!(unit_value(&unit, "Type"), "fuse.xpackfs");
-    opts.apply_list(&unit_value(&unit, "Options")).unwrap();
+    xpackfs::cli::check_mount_options(&unit_value(&unit, "Options")).unwrap();
     let env = std::fs::read_to_string(repo().join("systemd/example.env")).unwrap();
     let o = env.lines().find_map(|l| l.strip_prefix("XPACKFS_OPTIONS=")).unwrap();
-    opts.apply_list(o).unwrap();
+    xpackfs::cli::check_mount_options(o).unwrap();
 }

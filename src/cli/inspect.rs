@@ -51,3 +51,24 @@ pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
         "entries": first,
     }))
 }
+
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    pack: std::path::PathBuf,
+    /// Entries to show
+    #[arg(long, default_value = "12", value_parser = crate::util::args::int_in::<usize>(0, 1 << 20))]
+    limit: usize,
+}
+
+pub fn run(a: InspectArgs) -> i32 {
+    match inspect(&a.pack, a.limit) {
+        Ok(v) => {
+            println!("{}", crate::pyjson::dumps(&v, &crate::pyjson::Style::PRETTY_SORTED));
+            0
+        }
+        Err(e) => {
+            eprintln!("xpackfs: {e}");
+            1
+        }
+    }
+}

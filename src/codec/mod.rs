@@ -21,6 +21,11 @@ pub mod q8_0;
 
 pub use ggml_type::GgmlType;
 
+/// Changes whenever the output of any codec could change (a fix, a new rounding): everything
+/// remembered about computed bytes (digests in the store, chunks in a disk cache) is keyed
+/// with it, so bytes computed by another revision are never taken for this one's.
+pub const REVISION: u32 = 1;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CodecError {
     #[error("E8M0 scale byte 255 (NaN) at scale index {index}")]
@@ -75,6 +80,11 @@ pub enum QuantType {
 }
 
 impl QuantType {
+    /// For option parsing: the type named `name`, or the rule.
+    pub fn parse(name: &str) -> Result<QuantType, String> {
+        QuantType::from_name(name).ok_or_else(|| format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0"))
+    }
+
     pub fn from_name(name: &str) -> Option<QuantType> {
         match name.to_ascii_uppercase().as_str() {
             "Q8_0" => Some(QuantType::Q8_0),

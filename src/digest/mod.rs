@@ -24,7 +24,7 @@ use crate::source::{FileIdentity, Source, SourceError};
 
 pub use crate::util::{hex, sha256_hex};
 pub use pass::compute;
-pub use store::DigestStore;
+pub use store::{identity_key, records_of, DigestStore};
 
 pub const STORE_FORMAT: &str = "xpackfs-digests-v1";
 
@@ -64,10 +64,6 @@ pub struct SourceDigests {
     pub tensors: BTreeMap<String, TensorDigest>,
     pub computed_at: String,
     pub elapsed_s: f64,
-    /// Digests of whole view files that depend only on the source and their
-    /// parameters, keyed by view and a hash of those parameters.
-    #[serde(default)]
-    pub views: BTreeMap<String, String>,
 }
 
 /// Which tensors get per-slice digests, and how many slices.

@@ -145,6 +145,5 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
         tensors,
         computed_at: now_iso(),
         elapsed_s: started.elapsed().as_secs_f64(),
-        views: BTreeMap::new(),
     })
 }

@@ -1,12 +1,37 @@
 //! The digest store: digests of sources and of view files remembered on disk, keyed by
-//! the identity of the source files (not their device number: see [`DigestStore::key`]).
-//! Entries are written atomically (temp file, fsync, rename).
+//! the identity of the source files. Entries are written atomically (temp file, fsync,
+//! rename).
+//!
+//! One rule for every key ([`identity_key`]): path, inode, size, mtime and ctime of each
+//! source file, never the device number. The clients of a network filesystem see the same
+//! file under different device numbers, and a store on that filesystem is meant to be shared
+//! by them (a cluster materialize, several mounts); any change to a file's content changes
+//! its size, mtime or ctime, and a replaced file has another inode.
 
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use super::{covers, file_records, DigestError, FileRecord, SourceDigests, STORE_FORMAT};
-use crate::source::Source;
+use crate::source::{Source, SourceFile};
 use crate::util::sha256_hex;
+
+/// The store key of `tag` (what is remembered and its parameters) for these source files:
+/// the sha256 of canonical JSON of the tag and the files' portable identities. The empty tag
+/// is the source digests' own entry, whose key has always been the identities alone.
+pub fn identity_key(tag: &str, files: &[FileRecord]) -> String {
+    let v = if tag.is_empty() {
+        serde_json::json!(portable(files))
+    } else {
+        serde_json::json!({"tag": tag, "files": portable(files)})
+    };
+    sha256_hex(crate::pyjson::dumps(&v, &crate::pyjson::Style::CANONICAL).as_bytes())
+}
+
+/// Records of open source files, for [`identity_key`].
+pub fn records_of(files: &[Arc<SourceFile>]) -> Vec<FileRecord> {
+    files.iter().map(|f| FileRecord { path: f.path().to_path_buf(), identity: f.identity() }).collect()
+}
 
 /// Where digests are remembered. `None` disables the store.
 #[derive(Debug, Clone)]
@@ -21,6 +46,7 @@ impl DigestStore {
         if let Some(p) = std::env::var_os("XPACKFS_DIGEST_STORE") {
             return Some(PathBuf::from(p));
         }
+        // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             return Some(PathBuf::from("/var/lib/xpackfs/digests"));
         }
@@ -38,12 +64,15 @@ impl DigestStore {
         }
     }
 
-    /// Keyed by path, inode, size, mtime and ctime, not by the device number: the clients of
-    /// a network filesystem see the same file under different device numbers, and a store on
-    /// that filesystem is meant to be shared by them (a cluster materialize, several mounts).
+    /// Source digests are keyed by the files' identities alone (see [`identity_key`]).
     fn key(files: &[FileRecord]) -> String {
-        let v = serde_json::to_value(portable(files)).expect("serializable");
-        sha256_hex(crate::pyjson::dumps(&v, &crate::pyjson::Style::CANONICAL).as_bytes())
+        identity_key("", files)
+    }
+
+    /// The key under which the digests of a view's files are remembered: the view, its
+    /// parameters (everything else the bytes depend on) and the source files.
+    pub fn view_key(view: &str, params: &str, files: &[Arc<SourceFile>]) -> String {
+        identity_key(&format!("view:{view}:{params}"), &records_of(files))
     }
 
     pub fn path_for(&self, source: &Source) -> Option<PathBuf> {
@@ -90,8 +119,11 @@ impl DigestStore {
     pub fn save_view(&self, key: &str, hashes: &[String]) -> Result<(), DigestError> {
         let Some(path) = self.view_path(key) else { return Ok(()) };
         let err = |what: String| DigestError::Store { path: path.clone(), what };
-        std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| err(format!("cannot create directory: {e}")))?;
-        crate::fsutil::write_atomic(&path, &serde_json::to_vec(hashes).unwrap()).map_err(|e| err(e.to_string()))
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create directory: {e}")))?;
+        }
+        let text = serde_json::to_vec(hashes).map_err(|e| err(e.to_string()))?;
+        crate::fsutil::write_atomic(&path, &text).map_err(|e| err(e.to_string()))
     }
 }
 

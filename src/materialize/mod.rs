@@ -29,8 +29,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 
 use crate::fsutil::{fsync_dir, write_atomic};
-use crate::source::Source;
-use crate::view::{Tree, VirtualFile};
+use crate::view::{Built, VirtualFile};
 use write::{hash_disk, partial_paths, write_one};
 
 const STATE: &str = ".xpackfs-materialize.json";
@@ -73,8 +72,8 @@ pub struct FileResult {
     pub ranges: Vec<(u64, u64, String)>,
 }
 
-fn source_identity(source: &Source) -> Value {
-    serde_json::to_value(crate::digest::file_records(source)).unwrap()
+fn source_identity(built: &Built) -> Value {
+    serde_json::to_value(crate::digest::records_of(&built.sources)).unwrap_or(Value::Null)
 }
 
 /// Bytes free for an unprivileged writer on the filesystem holding `dir`.
@@ -168,8 +167,8 @@ fn write_derived(out: &Path, derived: &[(String, Arc<VirtualFile>)], opts: &Opti
 }
 
 /// Check what was written: every file re-hashed against the digest taken while writing,
-/// then the digests the manifests declare.
-fn verify(out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
+/// then the digests the view's manifests declare (the view's verify hook).
+fn verify(built: &Built, out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
     results.par_iter().try_for_each(|r| {
         let p = out.join(&r.name);
         let disk = hash_disk(&p)?;
@@ -178,16 +177,17 @@ fn verify(out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
         }
         Ok(())
     })?;
-    verify_manifests(out, results)
+    let written: std::collections::HashMap<String, String> = results.iter().map(|r| (r.name.clone(), r.sha256.clone())).collect();
+    built.view.verify(out, &written).map_err(|e| MaterializeError::Refused(e.to_string()))
 }
 
-/// Write every file of `tree` under `out`. Returns the per-file results.
-pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Result<Vec<FileResult>, MaterializeError> {
+/// Write every file of the view under `out`. Returns the per-file results.
+pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<FileResult>, MaterializeError> {
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let files = tree.files();
+    let files = built.tree.files();
     // Source identity across resumes.
     let state_path = out.join(STATE);
-    let identity = source_identity(source);
+    let identity = source_identity(built);
     if opts.resume {
         if let Ok(b) = std::fs::read(&state_path) {
             let prev: Value = serde_json::from_slice(&b).map_err(|e| MaterializeError::Refused(format!("{}: {e}", state_path.display())))?;
@@ -234,7 +234,7 @@ pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> 
     remove_leftovers(out);
     fsync_dir(out).map_err(io(out))?;
     if opts.verify {
-        verify(out, &results)?;
+        verify(built, out, &results)?;
     }
     Ok(results)
 }
@@ -254,105 +254,6 @@ fn remove_leftovers(out: &Path) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
-}
-
-/// Check the digests the views' manifests declare against the written files: the expert
-/// pack's manifest and checkpoint, the BF16 cache manifest, every requantised shard's
-/// manifest (per-tensor ranges re-hashed from disk) and `.complete` marker, and an INT8
-/// tree by the INT8 validator with hash verification.
-fn verify_manifests(out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
-    let sha: std::collections::HashMap<&str, &str> = results.iter().map(|r| (r.name.as_str(), r.sha256.as_str())).collect();
-    let refuse = |what: String| MaterializeError::Refused(format!("verify: {what}"));
-    let read = |name: &str| -> Result<Value, MaterializeError> {
-        let bytes = std::fs::read(out.join(name)).map_err(io(&out.join(name)))?;
-        serde_json::from_slice(&bytes).map_err(|e| refuse(format!("{name} is not JSON: {e}")))
-    };
-    for r in results {
-        let name = r.name.as_str();
-        if let Some(pack) = name.strip_suffix(".manifest.json").filter(|p| p.ends_with(".pack")) {
-            if read(name)?["pack_sha256"].as_str() != sha.get(pack).copied() {
-                return Err(refuse(format!("{pack} does not match pack_sha256 in {name}")));
-            }
-        } else if let Some(pack) = name.strip_suffix(".checkpoint.json").filter(|p| p.ends_with(".pack")) {
-            let c = read(name)?;
-            let manifest = format!("{pack}.manifest.json");
-            if c["pack_sha256"].as_str() != sha.get(pack).copied() || c["manifest_sha256"].as_str() != sha.get(manifest.as_str()).copied() {
-                return Err(refuse(format!("{name} does not match {pack} and {manifest}")));
-            }
-        } else if name == crate::view::bf16_cache::MANIFEST_NAME {
-            for f in read(name)?["files"].as_array().into_iter().flatten() {
-                let file = f["name"].as_str().unwrap_or("");
-                if f["sha256"].as_str() != sha.get(file).copied() {
-                    return Err(refuse(format!("{file} does not match its digest in {name}")));
-                }
-            }
-        } else if let Some(shard) = name.strip_suffix(".manifest.json") {
-            let m = read(name)?;
-            if m["output_shard"].as_str() == Some(shard) {
-                verify_requant_shard(out, shard, &m)?;
-            }
-        } else if name == crate::view::kt_int8::MANIFEST_NAME {
-            // The tree's rules by the validator; its digests against the files' (re-hashed
-            // from disk just before), so the files are not read a third time.
-            crate::view::kt_int8::validate::validate(out, &crate::view::kt_int8::validate::Expect::default(), Some(false))
-                .map_err(|e| refuse(format!("INT8 tree: {e}")))?;
-            for layer in read(name)?["layers"].as_array().into_iter().flatten() {
-                for f in layer["files"].as_array().into_iter().flatten() {
-                    let file = f["path"].as_str().unwrap_or("");
-                    if f["sha256"].as_str() != sha.get(file).copied() {
-                        return Err(refuse(format!("{file} does not match its digest in {name}")));
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A requantised shard against its manifest and `.complete` marker: every tensor's bytes
-/// (located by the shard's own safetensors header) hash to the manifest's `output_sha256`.
-fn verify_requant_shard(out: &Path, shard: &str, m: &Value) -> Result<(), MaterializeError> {
-    use std::os::unix::fs::FileExt;
-    let refuse = |what: String| MaterializeError::Refused(format!("verify: {shard}: {what}"));
-    let path = out.join(shard);
-    let f = std::fs::File::open(&path).map_err(io(&path))?;
-    let size = f.metadata().map_err(io(&path))?.len();
-    if m["file_bytes"].as_u64() != Some(size) {
-        return Err(refuse(format!("{size} bytes, the manifest says {}", m["file_bytes"])));
-    }
-    let mut len8 = [0u8; 8];
-    f.read_exact_at(&mut len8, 0).map_err(io(&path))?;
-    let hlen = u64::from_le_bytes(len8);
-    if hlen > size - 8 {
-        return Err(refuse(format!("header length {hlen} exceeds the file")));
-    }
-    let mut hb = vec![0u8; hlen as usize];
-    f.read_exact_at(&mut hb, 8).map_err(io(&path))?;
-    let header: Value = serde_json::from_slice(&hb).map_err(|e| refuse(format!("header is not JSON: {e}")))?;
-    let tensors = m["tensors"].as_array().ok_or_else(|| refuse("manifest has no tensors".into()))?;
-    for t in tensors {
-        let tname = t["name"].as_str().unwrap_or("");
-        let offs = &header[tname]["data_offsets"];
-        let (Some(a), Some(b)) = (offs[0].as_u64(), offs[1].as_u64()) else {
-            return Err(refuse(format!("tensor {tname} of the manifest is not in the shard")));
-        };
-        if Some(b - a) != t["output_bytes"].as_u64() {
-            return Err(refuse(format!("tensor {tname} has {} bytes, the manifest says {}", b - a, t["output_bytes"])));
-        }
-        let mut h = hash::RangeHasher::new(0, b - a, &[]);
-        write::hash_file_range(&f, &path, 8 + hlen + a, b - a, &mut h).map_err(|e| refuse(e.to_string()))?;
-        let got = h.finish().0;
-        if Some(got.as_str()) != t["output_sha256"].as_str() {
-            return Err(refuse(format!("tensor {tname} hashes to {got}, the manifest says {}", t["output_sha256"])));
-        }
-    }
-    let marker = out.join(format!("{shard}.complete"));
-    let text = std::fs::read_to_string(&marker).map_err(io(&marker))?;
-    let fields: Vec<&str> = text.split_whitespace().collect();
-    if fields.len() != 3 || fields[1] != size.to_string() || fields[2] != tensors.len().to_string() {
-        return Err(refuse(format!("{} says {:?}, expected {size} bytes and {} tensors", marker.display(), text.trim(), tensors.len())));
-    }
-    Ok(())
 }
 
 pub fn summary(results: &[FileResult], seconds: f64) -> Value {

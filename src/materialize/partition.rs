@@ -29,8 +29,8 @@ use super::write::{self, partial_paths, write_one};
 use super::{check_space, io, write_derived, FileResult, Files, MaterializeError, Options, Progress};
 use super::hash::RangeHasher;
 use crate::fsutil::{fsync_dir, write_atomic};
-use crate::source::Source;
-use crate::view::{Tree, VirtualFile};
+use crate::view::Built;
+use crate::view::VirtualFile;
 
 pub const PARTS_DIR: &str = ".xpackfs-parts";
 const PLAN: &str = "plan.json";
@@ -113,9 +113,9 @@ struct PieceRecord {
     ranges: Vec<(u64, u64, String)>,
 }
 
-fn source_ids(source: &Source) -> Vec<SourceFileId> {
-    source
-        .files
+fn source_ids(built: &Built) -> Vec<SourceFileId> {
+    built
+        .sources
         .iter()
         .map(|f| {
             let id = f.identity();
@@ -124,7 +124,7 @@ fn source_ids(source: &Source) -> Vec<SourceFileId> {
         .collect()
 }
 
-fn make_plan(source: &Source, listed: &Files, count: u32, piece_bytes: u64, command: &str) -> Plan {
+fn make_plan(built: &Built, listed: &Files, count: u32, piece_bytes: u64, command: &str) -> Plan {
     let data = listed.iter().filter(|(_, f)| !f.is_derived());
     let mut load = vec![0u64; count as usize];
     let mut pieces = Vec::new();
@@ -148,7 +148,7 @@ fn make_plan(source: &Source, listed: &Files, count: u32, piece_bytes: u64, comm
         format: PLAN_FORMAT.into(),
         count,
         piece_bytes,
-        source: source_ids(source),
+        source: source_ids(built),
         command: command.into(),
         files: data.map(|(n, f)| (n.clone(), f.size())).collect(),
         derived: listed.iter().filter(|(_, f)| f.is_derived()).map(|(n, _)| n.clone()).collect(),
@@ -211,8 +211,7 @@ fn read_record(out: &Path, k: usize, piece: &Piece) -> Option<PieceRecord> {
 
 /// Run partition `part` of a partitioned materialize into `out`.
 pub fn run_partition(
-    source: &Source,
-    tree: &Tree,
+    built: &Built,
     out: &Path,
     part: Partition,
     piece_bytes: u64,
@@ -223,8 +222,8 @@ pub fn run_partition(
         return Err(MaterializeError::Refused("--replace cannot be combined with --partition: remove the output directory first".into()));
     }
     let dir = parts_dir(out);
-    let listed = tree.files();
-    let plan = make_plan(source, &listed, part.count, piece_bytes, command);
+    let listed = built.tree.files();
+    let plan = make_plan(built, &listed, part.count, piece_bytes, command);
     if !dir.exists()
         && let Some(name) = plan.derived.iter().find(|n| out.join(n).exists())
     {
@@ -293,19 +292,19 @@ fn write_piece(out: &Path, name: &str, file: &VirtualFile, piece: &Piece, chunk:
         f.set_len(file.size()).map_err(io(&partial))?;
     }
     let end = piece.offset + piece.len;
-    let hasher = RangeHasher::new(piece.offset, end, file.digest_ranges());
+    let hasher = RangeHasher::new(piece.offset, end, &file.digest_ranges());
     let hasher = write::stream(name, file, &f, &partial, (piece.offset, end), chunk, hasher, done, &|_| Ok(()))?;
     f.sync_data().map_err(io(&partial))?;
     Ok(hasher.finish())
 }
 
 /// Check that every partition finished, assemble the cut files, write the derived files.
-pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Result<Vec<FileResult>, MaterializeError> {
+pub fn finalize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<FileResult>, MaterializeError> {
     let Some(have) = load_plan(out)? else {
         return Err(MaterializeError::Refused(format!("{}: no partitioned run to finalize ({PARTS_DIR}/{PLAN} is missing)", out.display())));
     };
-    let listed = tree.files();
-    let plan = make_plan(source, &listed, have.count, have.piece_bytes, &have.command);
+    let listed = built.tree.files();
+    let plan = make_plan(built, &listed, have.count, have.piece_bytes, &have.command);
     if have != plan {
         return Err(MaterializeError::Refused(format!("finalize: {} was planned differently: {}", out.display(), plan_difference(&have, &plan))));
     }
@@ -356,7 +355,7 @@ pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Res
     super::remove_leftovers(out);
     fsync_dir(out).map_err(io(out))?;
     if opts.verify {
-        super::verify(out, &results)?;
+        super::verify(built, out, &results)?;
     }
     Ok(results)
 }
@@ -371,7 +370,7 @@ fn assemble(out: &Path, name: &str, size: u64, file: &VirtualFile, records: &[Pi
     if len != size {
         return Err(MaterializeError::Refused(format!("finalize: {} has {len} bytes, the view {size}", path.display())));
     }
-    let mut whole = RangeHasher::new(0, size, file.digest_ranges());
+    let mut whole = RangeHasher::new(0, size, &file.digest_ranges());
     let mut pieces: Vec<&PieceRecord> = records.iter().filter(|r| r.file == name).collect();
     pieces.sort_by_key(|r| r.offset);
     for r in pieces {

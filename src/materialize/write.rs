@@ -191,7 +191,7 @@ pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Optio
         if len != size && !file.is_derived() {
             return Err(MaterializeError::Refused(format!("{}: completed file has {len} bytes, the view {size}", final_path.display())));
         }
-        let mut hasher = RangeHasher::new(0, len, wanted);
+        let mut hasher = RangeHasher::new(0, len, &wanted);
         hash_file_range(&f, &final_path, 0, len, &mut hasher)?;
         done.fetch_add(len, Ordering::Relaxed);
         let (sha, ranges) = hasher.finish();
@@ -200,7 +200,7 @@ pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Optio
         }
         return Ok(FileResult { name: name.into(), size: len, sha256: sha, resumed_from: len, skipped: true, ranges });
     }
-    let mut hasher = RangeHasher::new(0, size, wanted);
+    let mut hasher = RangeHasher::new(0, size, &wanted);
     let mut start = 0u64;
     let f = if opts.resume && partial.exists() {
         let written: u64 = std::fs::read(&ckpt)

@@ -40,6 +40,9 @@ pub enum FsError {
     ReadOnly,
     #[error("{path}: {source}")]
     Read { path: String, source: ViewError },
+    /// A panic in the filesystem logic, caught at the FUSE edge.
+    #[error("internal error in {0} (a bug: it panicked)")]
+    Bug(&'static str),
 }
 
 impl FsError {
@@ -50,7 +53,8 @@ impl FsError {
             FsError::NotDir(_) => libc::ENOTDIR,
             FsError::IsDir(_) => libc::EISDIR,
             FsError::ReadOnly => libc::EROFS,
-            FsError::Read { .. } => libc::EIO,
+            FsError::Read { source, .. } => source.errno(),
+            FsError::Bug(_) => libc::EIO,
         }
     }
 }
@@ -115,7 +119,14 @@ pub struct Fs {
     tree: Arc<Tree>,
     owner: Ownership,
     pub stats: Arc<Stats>,
+    /// Status files are generated once per open: every read of one handle sees the same
+    /// bytes (reads of a fresh rendering per request could splice two versions together).
+    snapshots: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Vec<u8>>>>,
+    next_handle: AtomicU64,
 }
+
+/// File handle of opens that need no per-handle state.
+pub const NO_HANDLE: u64 = 0;
 
 impl Fs {
     pub fn new(tree: Tree, owner: Ownership) -> Self {
@@ -123,7 +134,7 @@ impl Fs {
     }
 
     pub fn with_stats(tree: Tree, owner: Ownership, stats: Arc<Stats>) -> Self {
-        Fs { tree: Arc::new(tree), owner, stats }
+        Fs { tree: Arc::new(tree), owner, stats, snapshots: Default::default(), next_handle: AtomicU64::new(1) }
     }
 
     /// Status files change between reads: no caching of their pages or attributes.
@@ -173,14 +184,27 @@ impl Fs {
         Ok(out)
     }
 
-    /// Check that an open is read-only and of a file.
-    pub fn open(&self, ino: Ino, flags: i32) -> Result<(), FsError> {
+    /// Check that an open is read-only and of a file; returns the handle for its reads
+    /// ([`NO_HANDLE`] but for status files, which are rendered here, once per open).
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<u64, FsError> {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             return Err(FsError::ReadOnly);
         }
-        match self.tree.get(ino).ok_or(FsError::NoInode(ino))?.kind {
-            NodeKind::File(_) | NodeKind::Dynamic(_) => Ok(()),
+        match &self.tree.get(ino).ok_or(FsError::NoInode(ino))?.kind {
+            NodeKind::File(_) => Ok(NO_HANDLE),
+            NodeKind::Dynamic(content) => {
+                let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+                self.snapshots.lock().insert(fh, Arc::new(content()));
+                Ok(fh)
+            }
             NodeKind::Dir { .. } => Err(FsError::IsDir(ino)),
+        }
+    }
+
+    /// The handle is closed.
+    pub fn release(&self, fh: u64) {
+        if fh != NO_HANDLE {
+            self.snapshots.lock().remove(&fh);
         }
     }
 
@@ -205,13 +229,13 @@ impl Fs {
         Ok(Some(src.clone()))
     }
 
-    /// Read into `buf`; returns the byte count (short only at end of file).
-    pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
+    /// Read into `buf` through handle `fh`; returns the byte count (short only at end of file).
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let f = match &node.kind {
             NodeKind::File(f) => f,
             NodeKind::Dynamic(content) => {
-                let c = content();
+                let c = self.snapshots.lock().get(&fh).cloned().unwrap_or_else(|| Arc::new(content()));
                 let start = (offset as usize).min(c.len());
                 let n = (c.len() - start).min(buf.len());
                 buf[..n].copy_from_slice(&c[start..start + n]);
@@ -260,13 +284,37 @@ mod tests {
         let names: Vec<String> = fs.readdir(ROOT_INO).unwrap().into_iter().map(|e| e.2).collect();
         assert_eq!(names, [".", "..", "b", "sub"]);
         let mut buf = [0u8; 10];
-        assert_eq!(fs.read(a.ino, 1, &mut buf).unwrap(), 4);
+        assert_eq!(fs.read(a.ino, NO_HANDLE, 1, &mut buf).unwrap(), 4);
         assert_eq!(&buf[..4], b"ello");
         assert_eq!(fs.lookup(ROOT_INO, "zz").unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.lookup(a.ino, "x").unwrap_err().errno(), libc::ENOTDIR);
         assert_eq!(fs.open(a.ino, libc::O_RDWR).unwrap_err().errno(), libc::EROFS);
         assert_eq!(fs.open(sub.ino, libc::O_RDONLY).unwrap_err().errno(), libc::EISDIR);
         assert!(fs.open(a.ino, libc::O_RDONLY | libc::O_DIRECT).is_ok());
+    }
+
+    #[test]
+    fn status_files_are_one_rendering_per_open() {
+        let mut t = Tree::new();
+        let n = Arc::new(AtomicU64::new(0));
+        let counter = n.clone();
+        t.add_dynamic(ROOT_INO, "s", Arc::new(move || format!("render {}", counter.fetch_add(1, Ordering::SeqCst)).into_bytes()));
+        let fs = Fs::new(t, Ownership { uid: 0, gid: 0, read_bits: 0o444, mtime: SystemTime::UNIX_EPOCH });
+        let ino = fs.lookup(ROOT_INO, "s").unwrap().ino;
+        let fh = fs.open(ino, libc::O_RDONLY).unwrap();
+        let mut buf = [0u8; 3];
+        let mut got = Vec::new();
+        for off in (0..12).step_by(3) {
+            let k = fs.read(ino, fh, off, &mut buf).unwrap();
+            got.extend_from_slice(&buf[..k]);
+        }
+        // Each read renders anew (counter + 1) unless the handle's snapshot is used.
+        let rendered = n.load(Ordering::SeqCst);
+        assert_eq!(got, format!("render {}", rendered - 1).into_bytes());
+        fs.release(fh);
+        let fh = fs.open(ino, libc::O_RDONLY).unwrap();
+        assert_eq!(fs.read(ino, fh, 7, &mut buf).unwrap(), 1);
+        assert_eq!(buf[0], format!("{rendered}").as_bytes()[0]);
     }
 
     #[test]

@@ -47,7 +47,8 @@ pub struct Passthrough {
 
 impl Passthrough {
     pub fn new(wanted: bool) -> Self {
-        Passthrough { enabled: AtomicBool::new(wanted), next_fh: AtomicU64::new(1), ..Default::default() }
+        // Handles of their own number range (the filesystem numbers status-file handles from 1).
+        Passthrough { enabled: AtomicBool::new(wanted), next_fh: AtomicU64::new(1 << 62), ..Default::default() }
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -109,11 +110,18 @@ fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
-fn log_err(op: &str, e: &FsError) {
-    match e {
-        FsError::Read { .. } => tracing::error!("{op}: {e}"),
-        _ => tracing::debug!("{op}: {e}"),
-    }
+/// Run one request's filesystem logic behind the guard every callback uses: an error is
+/// logged once, here (read failures and bugs at error level, lookups of absent names at
+/// debug), and a panic (a bug) becomes EIO instead of taking a worker, and the mount, down.
+fn guarded<T>(op: &'static str, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, Errno> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(Err(FsError::Bug(op)));
+    result.map_err(|e| {
+        match &e {
+            FsError::Read { .. } | FsError::Bug(_) => tracing::error!("{op}: {e}"),
+            _ => tracing::debug!("{op}: {e}"),
+        }
+        errno(&e)
+    })
 }
 
 impl Filesystem for FuseAdapter {
@@ -170,47 +178,41 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let Some(name) = name.to_str() else { return reply.error(Errno::ENOENT) };
-        match self.fs.lookup(parent.0, name) {
+        match guarded("lookup", || self.fs.lookup(parent.0, name)) {
             Ok(a) => {
                 let ttl = if self.fs.is_dynamic(a.ino) { Duration::ZERO } else { TTL };
                 reply.entry(&ttl, &to_fuse(a), Generation(0))
             }
-            Err(e) => {
-                log_err("lookup", &e);
-                reply.error(errno(&e))
-            }
+            Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let ttl = if self.fs.is_dynamic(ino.0) { Duration::ZERO } else { TTL };
-        match self.fs.attr(ino.0) {
+        match guarded("getattr", || self.fs.attr(ino.0)) {
             Ok(a) => reply.attr(&ttl, &to_fuse(a)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if let Err(e) = self.fs.open(ino.0, flags.0) {
-            log_err("open", &e);
-            return reply.error(errno(&e));
-        }
+        let fh = match guarded("open", || self.fs.open(ino.0, flags.0)) {
+            Ok(fh) => fh,
+            Err(e) => return reply.error(e),
+        };
         if self.passthrough.is_enabled() {
-            match self.fs.passthrough_source(ino.0) {
+            match guarded("open", || self.fs.passthrough_source(ino.0)) {
                 Ok(Some(source)) => match self.passthrough.open(ino.0, &source, &reply) {
                     Ok((fh, id)) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
                     Err(e) => self.passthrough.disable(&format!("backing file registration failed: {e}")),
                 },
                 Ok(None) => {}
-                Err(e) => {
-                    log_err("open", &e);
-                    return reply.error(errno(&e));
-                }
+                Err(e) => return reply.error(e),
             }
         }
         if self.fs.is_dynamic(ino.0) {
-            // Status files are generated per read: no page cache.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+            // Status files are rendered per open: no page cache.
+            reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
         } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) {
             // Direct I/O: source bytes are page-cached as the source already; a second copy
             // in the mount's page cache would only cost memory and a slower cold path.
@@ -226,7 +228,7 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -244,9 +246,10 @@ impl Filesystem for FuseAdapter {
                 buf.resize(size as usize, 0);
             }
             let buf = &mut buf[..size as usize];
-            // A bug must not take a worker thread (and the mount) down: a panic is an EIO.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fs.read(ino.0, offset, buf)));
-            answer_read(ino, offset, result, buf, reply)
+            match guarded("read", || self.fs.read(ino.0, fh.0, offset, buf)) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(e),
+            }
         })
     }
 
@@ -262,6 +265,7 @@ impl Filesystem for FuseAdapter {
     ) {
         // The last handle of an inode closes its backing id.
         self.passthrough.by_handle.lock().remove(&fh.0);
+        self.fs.release(fh.0);
         reply.ok();
     }
 
@@ -287,14 +291,14 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.readdir(ino.0) {
+        match guarded("opendir", || self.fs.readdir(ino.0)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.fs.readdir(ino.0) {
+        match guarded("readdir", || self.fs.readdir(ino.0)) {
             Ok(entries) => {
                 for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
                     let kind = if kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
@@ -304,26 +308,12 @@ impl Filesystem for FuseAdapter {
                 }
                 reply.ok()
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let (bytes, files) = self.fs.totals();
+        let (bytes, files) = guarded("statfs", || Ok(self.fs.totals())).unwrap_or((0, 0));
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
-    }
-}
-
-fn answer_read(ino: INodeNo, offset: u64, result: std::thread::Result<Result<usize, FsError>>, buf: &[u8], reply: ReplyData) {
-    match result {
-        Ok(Ok(n)) => reply.data(&buf[..n]),
-        Ok(Err(e)) => {
-            log_err("read", &e);
-            reply.error(errno(&e))
-        }
-        Err(_) => {
-            tracing::error!("read of inode {} at {offset}: internal error (panic); answered EIO", ino.0);
-            reply.error(Errno::EIO)
-        }
     }
 }

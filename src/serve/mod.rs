@@ -1,5 +1,6 @@
-//! Serving views over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
-//! adapter (`fuse`), mount options (`options`) and process plumbing (`daemon`).
+//! Serving a built view over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
+//! adapter (`fuse`), serving options (`options`) and process plumbing (`daemon`). This layer
+//! knows views only as a [`Built`] tree; which view and how it was built is `view`'s business.
 
 pub mod daemon;
 pub mod fs;
@@ -14,30 +15,45 @@ use std::sync::Arc;
 use fuser::{Config, MountOption, Session, SessionACL};
 use parking_lot::Mutex;
 
-use crate::digest::DigestStore;
-use crate::source::Source;
-use crate::view::{expert_pack, Tree, ViewError};
+use crate::view::cache::ChunkCache;
+use crate::view::Built;
 use fs::{Fs, Ownership};
-use options::MountOptions;
+use options::ServeOptions;
 
-/// Build the view tree a mount of `source` with `opts` serves.
-pub fn build_tree(source: &Source, opts: &MountOptions) -> Result<Tree, ViewError> {
-    build_tree_with_cache(source, opts, Arc::new(crate::view::cache::ChunkCache::new(opts.cache_mb << 20)))
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mountpoint {}: {source}", path.display())]
+    Mountpoint { path: PathBuf, source: std::io::Error },
+    #[error("mountpoint {}: not a directory", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Source { path: PathBuf, source: std::io::Error },
+    #[error("mounting on {}: {source}", path.display())]
+    Mount { path: PathBuf, source: std::io::Error },
+    #[error("FUSE session: {0}")]
+    Session(std::io::Error),
 }
 
-pub fn build_tree_with_cache(source: &Source, opts: &MountOptions, cache: Arc<crate::view::cache::ChunkCache>) -> Result<Tree, ViewError> {
-    let store = DigestStore::from_option(opts.digest_store.as_deref());
-    let view = match opts.view.as_str() {
-        "auto" if source.safetensors().is_some() => "bf16-cache",
-        "auto" => "expert-pack",
-        v => v,
-    };
-    match view {
-        "expert-pack" => expert_pack::build(source, &store, &opts.pack),
-        "bf16-cache" => crate::view::bf16_cache::build(source, &store, cache),
-        "requant" => crate::view::requant::build(source, &store, cache, &opts.recipe),
-        "kt-int8" => crate::view::kt_int8::build(source, &store, cache, opts.numa_count),
-        other => Err(ViewError::Option { option: "view", rule: format!("unknown view {other:?}") }),
+/// Where the kernel mounts: the canonical mountpoint, which must be a directory, or
+/// `/dev/fd/N` (the /dev/fuse descriptor `mount.fuse3 -o drop_privileges` passes).
+fn mount_target(mountpoint: &str) -> Result<PathBuf, MountError> {
+    if fd_mountpoint(mountpoint).is_some() {
+        return Ok(PathBuf::from(mountpoint));
+    }
+    let p = std::fs::canonicalize(mountpoint).map_err(|e| MountError::Mountpoint { path: mountpoint.into(), source: e })?;
+    let meta = std::fs::metadata(&p).map_err(|e| MountError::Mountpoint { path: p.clone(), source: e })?;
+    if !meta.is_dir() {
+        return Err(MountError::NotADirectory { path: p });
+    }
+    Ok(p)
+}
+
+/// The path the mount is seen at, which manifests name: `mountpoint_path` when given, else
+/// the mount target.
+pub fn mount_location(mountpoint: &str, opts: &ServeOptions) -> Result<PathBuf, MountError> {
+    match &opts.mountpoint_path {
+        Some(p) => Ok(p.clone()),
+        None => mount_target(mountpoint),
     }
 }
 
@@ -82,25 +98,18 @@ fn set_read_ahead(mountpoint: &Path, kb: u32) {
     }
 }
 
-/// Mount and serve until unmounted or signalled. `ready` is told once the mount is live.
-pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready: &mut daemon::Readiness) -> Result<(), String> {
+/// Mount `built` (the view of `source_path`) on `mountpoint` and serve it until unmounted or
+/// signalled. `ready` is told once the mount is live. `cache` is the chunk cache the view
+/// computes through (its counters go to `/.xpackfs/stats.json`).
+pub fn mount(source_path: &Path, mountpoint: &str, built: Built, cache: Arc<ChunkCache>, opts: &ServeOptions, ready: &mut daemon::Readiness) -> Result<(), MountError> {
     let fd_mode = fd_mountpoint(mountpoint);
     let mount_path = match fd_mode {
-        Some(_) => opts.mountpoint_path.clone().unwrap_or_else(|| PathBuf::from(mountpoint)),
-        None => std::fs::canonicalize(mountpoint).map_err(|e| format!("mountpoint {mountpoint}: {e}"))?,
+        Some(_) => mount_location(mountpoint, opts)?,
+        None => mount_target(mountpoint)?,
     };
-    opts.pack.pack_dir = opts.mountpoint_path.clone().unwrap_or_else(|| mount_path.clone());
-
-    let cache = Arc::new(crate::view::cache::ChunkCache::new(opts.cache_mb << 20));
-    let int8_tree = crate::view::kt_int8::tree::is_int8_tree(source_path);
-    let want_stats = opts.stats.unwrap_or(!int8_tree && opts.view != "kt-int8");
-    let mut tree = if int8_tree {
-        crate::view::kt_int8::tree::build(source_path, opts.verify_hashes).map_err(|e| e.to_string())?
-    } else {
-        let source = Source::open(source_path).map_err(|e| e.to_string())?;
-        build_tree_with_cache(&source, &opts, cache.clone()).map_err(|e| e.to_string())?
-    };
-    let owner = ownership_of(source_path).map_err(|e| format!("{}: {e}", source_path.display()))?;
+    let Built { mut tree, view, .. } = built;
+    let want_stats = opts.stats.unwrap_or(!view.exclusive_root());
+    let owner = ownership_of(source_path).map_err(|e| MountError::Source { path: source_path.to_path_buf(), source: e })?;
     let stats: Arc<fs::Stats> = Arc::default();
     let stats_json = stats_content(stats.clone(), cache.clone(), tree.vfiles().count());
     if want_stats {
@@ -120,6 +129,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     // Building a large view (the INT8 tree of a full-size model has 66,000 files; manifest
     // lengths are computed by rendering them once) leaves freed heap behind: give it back.
     #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; no pointer is touched.
     unsafe {
         libc::malloc_trim(0);
     }
@@ -129,7 +139,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
         fs: fs.clone(),
         max_read: opts.max_read,
         max_background: opts.max_background,
-        direct_io: opts.direct_io,
+        direct_io: opts.direct_io.forced(),
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),
@@ -154,17 +164,19 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(opts.threads);
+    config.n_threads = Some(opts.threads());
     config.clone_fd = opts.clone_fd;
 
     let session = match fd_mode {
         Some(fd) => {
+            // SAFETY: `fd` is the /dev/fuse descriptor mount.fuse3 passed us as /dev/fd/N; it
+            // is open and nothing else in this process owns it.
             let owned = unsafe { OwnedFd::from_raw_fd(fd) };
             Session::from_fd(adapter, owned, config.acl, config)
         }
         None => Session::new(adapter, &mount_path, &config),
     }
-    .map_err(|e| format!("mounting on {}: {e}", mount_path.display()))?;
+    .map_err(|e| MountError::Mount { path: mount_path.clone(), source: e })?;
     if let (Some(kb), None) = (opts.read_ahead_kb, fd_mode) {
         set_read_ahead(&mount_path, kb);
     }
@@ -183,15 +195,15 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
             }
         });
     }
-    tracing::info!("mounted {} on {} ({} files)", source_path.display(), mount_path.display(), fs.tree().vfiles().count());
+    tracing::info!("mounted {} on {} ({} view, {} files)", source_path.display(), mount_path.display(), view.name(), fs.tree().vfiles().count());
     ready.ready(opts.log_file.as_deref());
     // Returns only on errors: a normal end (the kernel unmounted) exits in `destroy`.
-    session.run().map_err(|e| format!("FUSE session: {e}"))?;
+    session.run().map_err(MountError::Session)?;
     Ok(())
 }
 
 /// `/.xpackfs/stats.json`: counters of the mount, generated at each read.
-fn stats_content(stats: Arc<fs::Stats>, cache: Arc<crate::view::cache::ChunkCache>, files: usize) -> crate::view::tree::DynamicContent {
+fn stats_content(stats: Arc<fs::Stats>, cache: Arc<ChunkCache>, files: usize) -> crate::view::tree::DynamicContent {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     Arc::new(move || {

@@ -26,8 +26,9 @@ use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use super::cache::ChunkCache;
+use super::derived::{Derived, Input};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::view::cache::ChunkCache;
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
@@ -380,8 +381,36 @@ fn canonical_sha(v: &Value) -> String {
     digest::sha256_hex(pyjson::dumps(v, &Style::CANONICAL).as_bytes())
 }
 
-/// Build the view.
-pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Result<Tree, ViewError> {
+/// The BF16 cache view.
+pub struct Bf16CacheView;
+
+impl super::View for Bf16CacheView {
+    fn name(&self) -> &'static str {
+        VIEW
+    }
+    fn summary(&self) -> &'static str {
+        "BF16 non-expert cache of a DeepSeek V4 / V4.1 checkpoint, as the third seed writes it"
+    }
+    fn is_default_for(&self, input: &super::Input) -> bool {
+        matches!(input, super::Input::Checkpoint(s) if s.safetensors().is_some())
+    }
+    fn build(&self, input: &super::Input, _opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
+        build(input.source(VIEW)?, ctx)
+    }
+    fn verify(&self, out: &std::path::Path, written: &HashMap<String, String>) -> Result<(), ViewError> {
+        let Some(_) = written.get(MANIFEST_NAME) else { return Ok(()) };
+        for f in super::derived::read_json(out, MANIFEST_NAME)?["files"].as_array().into_iter().flatten() {
+            let file = f["name"].as_str().unwrap_or("");
+            if f["sha256"].as_str() != written.get(file).map(String::as_str) {
+                return Err(ViewError::Verify { file: MANIFEST_NAME.into(), rule: format!("{file} does not match its digest in {MANIFEST_NAME}") });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Build the view: plan (the seed's checks), the shards, the index, the manifest.
+pub fn build(source: &Source, ctx: &super::Context) -> Result<Tree, ViewError> {
     let meta = source.safetensors().ok_or_else(|| err("the BF16 cache view needs a safetensors checkpoint"))?;
     let config = meta.config.as_ref().ok_or_else(|| err("config.json is missing"))?;
     let cfg = read_config(config)?;
@@ -389,14 +418,29 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Re
     check_experts(source, &cfg)?;
     let planned = plan(source, &cfg)?;
 
-    // Output shards: one per source shard that contributes tensors, in sorted order.
+    let mut tree = Tree::new();
+    let (shards, weight_map) = shards(source, &cfg, &planned, &ctx.cache)?;
+    for (name, f) in &shards {
+        tree.add_file_arc(ROOT_INO, name, f.clone());
+    }
+    let index_bytes = pyjson::dumps(&json!({"metadata": {}, "weight_map": Value::Object(weight_map)}), &Style::CANONICAL).into_bytes();
+    let index_sha256 = digest::sha256_hex(&index_bytes);
+    tree.add_file(ROOT_INO, INDEX_NAME, VirtualFile::from_bytes(index_bytes));
+    let config_path = meta.config_path.as_ref().ok_or_else(|| err("config.json is missing"))?;
+    let base = manifest_base(source, &planned, config_path, index_path, &index_sha256)?;
+    tree.add_file(ROOT_INO, MANIFEST_NAME, manifest(source, base, &shards, &ctx.store).into_file());
+    Ok(tree)
+}
+
+/// One `non-expert-NNN.safetensors` per source shard that contributes tensors (in sorted
+/// order), and the index's weight map.
+fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], cache: &Arc<ChunkCache>) -> Result<(Vec<(String, Arc<VirtualFile>)>, serde_json::Map<String, Value>), ViewError> {
     let mut by_file: BTreeMap<usize, Vec<&Planned>> = BTreeMap::new();
-    for p in &planned {
+    for p in planned {
         by_file.entry(source.tensors[p.source].file).or_default().push(p);
     }
-    let mut tree = Tree::new();
     let mut weight_map = serde_json::Map::new();
-    let mut files: Vec<(String, Arc<VirtualFile>)> = Vec::new();
+    let mut files = Vec::new();
     for (k, (_, list)) in by_file.iter().enumerate() {
         let name = format!("non-expert-{k:03}.safetensors");
         let specs: Vec<(String, Dtype, Vec<u64>, u64)> = list.iter().map(|p| (p.target.clone(), p.dtype, p.shape.clone(), p.nbytes)).collect();
@@ -405,59 +449,64 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Re
         f.push(Extent::Bytes(header.into()));
         for &i in &order {
             let p = list[i];
-            let t = &source.tensors[p.source];
-            let file = source.files[t.file].clone();
-            if let Some(si) = p.scale {
-                let s = &source.tensors[si];
-                let geo = Fp8Blocks { rows: t.shape[0] as usize, cols: t.shape[1] as usize, block_rows: cfg.block[0], block_cols: cfg.block[1] };
-                let target_chunk = (2usize << 20) / (geo.cols * 2).max(1);
-                let rows_per_chunk = (target_chunk / geo.block_rows).max(1) * geo.block_rows;
-                let src = Arc::new(Fp8Chunks {
-                    name: t.name.clone(),
-                    weight: file.clone(),
-                    weight_offset: t.offset,
-                    scale: source.files[s.file].clone(),
-                    scale_offset: s.offset,
-                    scale_len: s.nbytes as usize,
-                    geo,
-                    rows_per_chunk,
-                    id: cache.producer_id(),
-                    cache: cache.clone(),
-                });
-                for c in 0..geo.rows.div_ceil(rows_per_chunk) {
-                    let rows = rows_per_chunk.min(geo.rows - c * rows_per_chunk);
-                    f.push(Extent::Computed { source: src.clone(), id: c as u64, len: (rows * geo.cols * 2) as u64 });
-                }
-            } else if p.dtype == Dtype::I64 {
-                f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
-            } else {
-                let chunk_bytes = 4u64 << 20;
-                let src = Arc::new(CheckedChunks {
-                    name: t.name.clone(),
-                    file,
-                    offset: t.offset,
-                    nbytes: t.nbytes,
-                    dtype: p.dtype,
-                    chunk_bytes,
-                    id: cache.producer_id(),
-                    cache: cache.clone(),
-                });
-                for c in 0..t.nbytes.div_ceil(chunk_bytes) {
-                    f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
-                }
-            }
+            push_tensor(&mut f, source, cfg, p, cache);
             weight_map.insert(p.target.clone(), Value::String(name.clone()));
         }
-        let ino = tree.add_file(ROOT_INO, &name, f);
-        if let Some(crate::view::NodeKind::File(vf)) = tree.get(ino).map(|n| &n.kind) {
-            files.push((name, vf.clone()));
+        files.push((name, Arc::new(f)));
+    }
+    Ok((files, weight_map))
+}
+
+/// The extents of one tensor: FP8 weights converted in chunks of block rows, BF16/F32
+/// tensors checked for finiteness, I64 tensors as they are.
+fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned, cache: &Arc<ChunkCache>) {
+    let t = &source.tensors[p.source];
+    let file = source.files[t.file].clone();
+    if let Some(si) = p.scale {
+        let s = &source.tensors[si];
+        let geo = Fp8Blocks { rows: t.shape[0] as usize, cols: t.shape[1] as usize, block_rows: cfg.block[0], block_cols: cfg.block[1] };
+        let target_chunk = (2usize << 20) / (geo.cols * 2).max(1);
+        let rows_per_chunk = (target_chunk / geo.block_rows).max(1) * geo.block_rows;
+        let src = Arc::new(Fp8Chunks {
+            name: t.name.clone(),
+            weight: file,
+            weight_offset: t.offset,
+            scale: source.files[s.file].clone(),
+            scale_offset: s.offset,
+            scale_len: s.nbytes as usize,
+            geo,
+            rows_per_chunk,
+            id: cache.producer_id(),
+            cache: cache.clone(),
+        });
+        for c in 0..geo.rows.div_ceil(rows_per_chunk) {
+            let rows = rows_per_chunk.min(geo.rows - c * rows_per_chunk);
+            f.push(Extent::Computed { source: src.clone(), id: c as u64, len: (rows * geo.cols * 2) as u64 });
+        }
+    } else if p.dtype == Dtype::I64 {
+        f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
+    } else {
+        let chunk_bytes = 4u64 << 20;
+        let src = Arc::new(CheckedChunks {
+            name: t.name.clone(),
+            file,
+            offset: t.offset,
+            nbytes: t.nbytes,
+            dtype: p.dtype,
+            chunk_bytes,
+            id: cache.producer_id(),
+            cache: cache.clone(),
+        });
+        for c in 0..t.nbytes.div_ceil(chunk_bytes) {
+            f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
         }
     }
-    let index_bytes = pyjson::dumps(&json!({"metadata": {}, "weight_map": Value::Object(weight_map)}), &Style::CANONICAL).into_bytes();
-    let index_sha256 = digest::sha256_hex(&index_bytes);
-    tree.add_file(ROOT_INO, INDEX_NAME, VirtualFile::from_bytes(index_bytes));
+}
 
-    // Source identity and fingerprint (headers and sampled payload windows only).
+/// The manifest without its `files` (identity and fingerprint from headers and sampled
+/// payload windows only, as the seed computes them).
+fn manifest_base(source: &Source, planned: &[Planned], config_path: &std::path::Path, index_path: &std::path::Path, index_sha256: &str) -> Result<Value, ViewError> {
+    let meta = source.safetensors().ok_or_else(|| err("the BF16 cache view needs a safetensors checkpoint"))?;
     let mut shard_records = Vec::new();
     for (f, h) in source.files.iter().zip(&meta.shards) {
         shard_records.push(shard_record(f, h.header_len)?);
@@ -466,66 +515,42 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>) -> Re
         let b = std::fs::read(p).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
         Ok(digest::sha256_hex(&b))
     };
-    let config_path = meta.config_path.as_ref().ok_or_else(|| err("config.json is missing"))?;
     let identity = json!({"config_sha256": file_sha(config_path)?, "index_sha256": file_sha(index_path)?, "shards": shard_records});
     let fingerprint = canonical_sha(&identity);
     let tensors_json: serde_json::Map<String, Value> = planned
         .iter()
         .map(|p| (p.target.clone(), json!({"shape": p.shape, "dtype": format!("{:?}", p.dtype)})))
         .collect();
-    let root_name = meta.root.to_string_lossy().to_string();
-    let base = json!({
+    Ok(json!({
         "kind": KIND,
         "version": 1,
         "status": "ready",
-        "source": {"model_name_or_path": root_name, "fingerprint": fingerprint, "identity": identity},
+        "source": {"model_name_or_path": meta.root.to_string_lossy(), "fingerprint": fingerprint, "identity": identity},
         "expert_weight_format": "mxfp4",
         "tensors": Value::Object(tensors_json),
         "index_sha256": index_sha256,
-    });
-    let make_manifest = {
-        let base = base.clone();
-        let files: Vec<(String, u64)> = files.iter().map(|(n, f)| (n.clone(), f.size())).collect();
-        move |hashes: &[String]| -> Vec<u8> {
-            let mut payload = base.clone();
-            payload["files"] = Value::Array(
-                files.iter().zip(hashes).map(|((n, size), h)| json!({"name": n, "size": size, "sha256": h})).collect(),
-            );
-            let fp = canonical_sha(&payload);
-            payload["fingerprint"] = Value::String(fp);
-            pyjson::dumps(&payload, &Style::CANONICAL).into_bytes()
-        }
-    };
-    let placeholder = vec!["0".repeat(64); files.len()];
-    let len = make_manifest(&placeholder).len() as u64;
-    // Digests of the shards are remembered under a key that covers the source identity and
-    // every output header (so any change to either recomputes them).
-    let mut key_h = Sha256::new();
-    key_h.update(format!("{VIEW}-v1:{fingerprint}:").as_bytes());
-    for (_, f) in &files {
+    }))
+}
+
+/// `kt_non_expert_manifest.json`: the base plus every shard's size and sha256, then the
+/// fingerprint of the whole payload.
+fn manifest(source: &Source, base: Value, shards: &[(String, Arc<VirtualFile>)], store: &DigestStore) -> Derived {
+    let sizes: Vec<(String, u64)> = shards.iter().map(|(n, f)| (n.clone(), f.size())).collect();
+    // The shards' bytes depend on the source files and on their headers (the plan).
+    let mut params = Sha256::new();
+    params.update(format!("{}:", crate::codec::REVISION).as_bytes());
+    for (_, f) in shards {
         if let Some((_, Extent::Bytes(h))) = f.extents().next() {
-            key_h.update(h);
+            params.update(h);
         }
     }
-    let store_key = digest::hex(&key_h.finalize());
-    let store = store.clone();
-    let build_manifest = move || -> Result<Vec<u8>, ViewError> {
-        let hashes = match store.load_view(&store_key) {
-            Some(h) if h.len() == files.len() => h,
-            _ => {
-                tracing::info!("hashing the BF16 cache shards once for the manifest");
-                let mut hashes = Vec::new();
-                for (_, f) in &files {
-                    hashes.push(f.sha256()?);
-                }
-                if let Err(e) = store.save_view(&store_key, &hashes) {
-                    tracing::warn!("could not store BF16 cache digests: {e}");
-                }
-                hashes
-            }
-        };
-        Ok(make_manifest(&hashes))
-    };
-    tree.add_file(ROOT_INO, MANIFEST_NAME, VirtualFile::lazy(len, build_manifest));
-    Ok(tree)
+    let key = DigestStore::view_key(VIEW, &digest::hex(&params.finalize()), &source.files);
+    let inputs = shards.iter().map(|(_, f)| Input::whole(f)).collect();
+    Derived::new(MANIFEST_NAME, store, key, inputs, move |hashes| {
+        let mut payload = base.clone();
+        payload["files"] = Value::Array(sizes.iter().zip(hashes).map(|((n, size), h)| json!({"name": n, "size": size, "sha256": h})).collect());
+        let fp = canonical_sha(&payload);
+        payload["fingerprint"] = Value::String(fp);
+        pyjson::dumps(&payload, &Style::CANONICAL).into_bytes()
+    })
 }

@@ -1,6 +1,7 @@
 //! Byte-budgeted LRU cache of computed chunks, with single-flight: concurrent readers of
 //! a chunk that is being computed wait for that one computation instead of repeating it.
-//! Errors are not cached (a later read tries again and reports again).
+//! Errors are not cached (a later read tries again and reports again); the readers that
+//! waited for a failed computation all get that one error, shared.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use lru::LruCache;
 use parking_lot::{Condvar, Mutex};
 
-use crate::view::ViewError;
+use super::ViewError;
 
 /// (producer id, chunk id).
 pub type Key = (u64, u64);
@@ -28,7 +29,7 @@ struct Lru {
     bytes: usize,
 }
 
-type Slot = Arc<(Mutex<Option<Result<Arc<[u8]>, String>>>, Condvar)>;
+type Slot = Arc<(Mutex<Option<Result<Arc<[u8]>, Arc<ViewError>>>>, Condvar)>;
 
 pub struct ChunkCache {
     lru: Mutex<Lru>,
@@ -126,21 +127,26 @@ impl ChunkCache {
             while done.is_none() {
                 slot.1.wait(&mut done);
             }
-            return done.as_ref().unwrap().clone().map_err(ViewError::Internal);
+            return match done.as_ref() {
+                Some(Ok(v)) => Ok(v.clone()),
+                Some(Err(e)) => Err(ViewError::Shared(e.clone())),
+                None => Err(ViewError::Internal("chunk computation ended without a result".into())),
+            };
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         // A panic in `compute` must not leave waiters hanging.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(compute))
+        let result: Result<Arc<[u8]>, Arc<ViewError>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(compute))
             .unwrap_or_else(|_| Err(ViewError::Internal("chunk computation panicked".into())))
-            .map(Into::into);
+            .map(Into::into)
+            .map_err(Arc::new);
         if let Ok(v) = &result {
             self.stats.bytes_computed.fetch_add(v.len() as u64, Ordering::Relaxed);
             self.insert(key, v.clone());
         }
-        *slot.0.lock() = Some(result.as_ref().map(Arc::clone).map_err(|e| e.to_string()));
+        *slot.0.lock() = Some(result.clone());
         slot.1.notify_all();
         self.inflight.lock().remove(&key);
-        result
+        result.map_err(ViewError::Shared)
     }
 }
 

@@ -1,18 +1,30 @@
 //! Views: each describes a directory of virtual files in terms of source ranges, literal
-//! bytes, zeros and computed chunks. Nothing here knows about FUSE.
+//! bytes, zeros and computed chunks. Nothing here knows about FUSE or about writing files.
+//!
+//! [`registry`] lists the views and builds one from an [`Input`] and [`ViewOptions`]; each
+//! view module provides the same few parts (its options, a plan checked against the
+//! source, the layout of its virtual files, its manifests as [`derived`] files, and a
+//! verify hook for `materialize --verify`). [`vfile`] and [`tree`] are the file and
+//! directory model both front ends read, [`cache`] the chunk cache computed views share.
 
 pub mod bf16_cache;
 pub mod cache;
+pub mod derived;
 pub mod expert_pack;
 pub mod imatrix;
 pub mod kt_int8;
+pub mod registry;
 pub mod requant;
 pub mod tree;
 pub mod vfile;
 
+use std::sync::Arc;
+
+pub use registry::{build, Built, Context, Input, Purpose, View, ViewOptions, VIEWS};
 pub use tree::{Ino, NodeKind, Tree, ROOT_INO};
 pub use vfile::{ChunkSource, Extent, VirtualFile};
 
+use crate::codec::CodecError;
 use crate::digest::DigestError;
 use crate::source::SourceError;
 
@@ -31,6 +43,46 @@ pub enum ViewError {
     /// Content found wrong only when read (a non-finite value, ...): EIO for that read.
     #[error("tensor {tensor}: {rule}")]
     Content { tensor: String, rule: String },
+    /// A codec refused the bytes of a tensor.
+    #[error("tensor {tensor}: {source}")]
+    Codec { tensor: String, source: CodecError },
+    /// An existing INT8 tree breaks one of the validator's rules.
+    #[error(transparent)]
+    InvalidTree(#[from] kt_int8::validate::InvalidTree),
+    /// `materialize --verify` found written bytes that disagree with a manifest.
+    #[error("verify: {file}: {rule}")]
+    Verify { file: String, rule: String },
+    /// The same error, handed to every reader that waited for one computation.
+    #[error(transparent)]
+    Shared(Arc<ViewError>),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl ViewError {
+    pub fn layout(view: &'static str, rule: impl Into<String>) -> Self {
+        ViewError::Layout { view, rule: rule.into() }
+    }
+
+    pub fn option(option: &'static str, rule: impl Into<String>) -> Self {
+        ViewError::Option { option, rule: rule.into() }
+    }
+
+    /// The errno a read that failed with this error answers. Content that breaks a rule, a
+    /// changed source and internal errors are all EIO: the daemon has no bytes it can vouch
+    /// for. I/O errors of the source keep their own code where it means something to a
+    /// reader (ENOMEM, ...).
+    pub fn errno(&self) -> i32 {
+        match self {
+            ViewError::Shared(inner) => inner.errno(),
+            ViewError::Source(SourceError::Io { source, .. }) | ViewError::Digest(DigestError::Source(SourceError::Io { source, .. })) => {
+                match source.raw_os_error() {
+                    Some(code @ (libc::ENOMEM | libc::EINTR | libc::EAGAIN)) => code,
+                    _ => libc::EIO,
+                }
+            }
+            ViewError::Option { .. } => libc::EINVAL,
+            _ => libc::EIO,
+        }
+    }
 }

@@ -14,14 +14,16 @@
 //! hold every tensor's sha256: their sizes are known up front, their bytes are computed on
 //! first read (through this view) and remembered in the digest store.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use super::cache::ChunkCache;
+use super::derived::{Derived, Input};
+use super::imatrix::Imatrix;
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::view::cache::ChunkCache;
 use crate::codec::{self, mxfp4, QuantType};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
@@ -35,22 +37,57 @@ fn err(rule: impl Into<String>) -> ViewError {
     ViewError::Layout { view: VIEW, rule: rule.into() }
 }
 
-#[derive(Debug, Clone)]
-pub struct Recipe {
+/// The recipe (`-o w1=...,w2=...,w3=...,imatrix=...`).
+#[derive(Debug, Clone, clap::Args)]
+#[group(id = "requant")]
+pub struct Options {
+    /// ggml type for the gate (w1) experts: IQ2_XXS, Q2_K or Q8_0
+    #[arg(long, default_value = "IQ2_XXS", value_parser = QuantType::parse, help_heading = "Requant")]
     pub w1: QuantType,
+    /// ggml type for the down (w2) experts
+    #[arg(long, default_value = "Q2_K", value_parser = QuantType::parse, help_heading = "Requant")]
     pub w2: QuantType,
+    /// ggml type for the up (w3) experts
+    #[arg(long, default_value = "IQ2_XXS", value_parser = QuantType::parse, help_heading = "Requant")]
     pub w3: QuantType,
-    /// A llama.cpp importance matrix; `None` is the seed's unit importance.
+    /// llama.cpp importance matrix (GGUF or legacy imatrix.dat) instead of the seed's unit importance
+    #[arg(long, value_name = "FILE", help_heading = "Requant")]
     pub imatrix: Option<PathBuf>,
 }
 
-impl Default for Recipe {
+impl Default for Options {
     fn default() -> Self {
-        Recipe { w1: QuantType::Iq2Xxs, w2: QuantType::Q2K, w3: QuantType::Iq2Xxs, imatrix: None }
+        super::ViewOptions::default().requant
     }
 }
 
-impl Recipe {
+/// The requantised-shards view.
+pub struct RequantView;
+
+impl super::View for RequantView {
+    fn name(&self) -> &'static str {
+        VIEW
+    }
+    fn summary(&self) -> &'static str {
+        "DeepSeek V4.1 routed experts requantised to IQ2_XXS / Q2_K / Q8_0 shards, as the fourth seed writes them"
+    }
+    fn build(&self, input: &super::Input, opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
+        build(input.source(VIEW)?, &opts.requant, ctx)
+    }
+    fn verify(&self, out: &std::path::Path, written: &HashMap<String, String>) -> Result<(), ViewError> {
+        for name in written.keys() {
+            if let Some(shard) = name.strip_suffix(".manifest.json") {
+                let m = super::derived::read_json(out, name)?;
+                if m["output_shard"].as_str() == Some(shard) {
+                    verify_shard(out, shard, &m)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Options {
     fn for_proj(&self, p: &str) -> Option<QuantType> {
         match p {
             "w1" => Some(self.w1),
@@ -186,20 +223,12 @@ fn indent1(v: &Value) -> Vec<u8> {
     s.into_bytes()
 }
 
-/// Build the view.
-pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recipe: &Recipe) -> Result<Tree, ViewError> {
-    let meta = source.safetensors().ok_or_else(|| err("the requantised-shards view needs a safetensors checkpoint"))?;
-    let index_path = meta.index_path.as_ref().ok_or_else(|| err("model.safetensors.index.json is missing"))?;
-    let index: Value = serde_json::from_slice(&std::fs::read(index_path).map_err(|e| err(format!("{}: {e}", index_path.display())))?)
-        .map_err(|e| err(format!("{}: {e}", index_path.display())))?;
-    let weight_map = index["weight_map"].as_object().ok_or_else(|| err("index has no weight_map"))?;
-    let by_name: std::collections::HashMap<&str, usize> = source.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
-    let shard_name = |t: &TensorInfo| meta.shards[t.file].name.clone();
-
-    // Roles, in index order (the seed walks weight_map).
+/// Roles in index order (the seed walks weight_map), with each quantised weight's scale.
+fn plan(source: &Source, weight_map: &Map<String, Value>, recipe: &Options) -> Result<Vec<Planned>, ViewError> {
+    let by_name: HashMap<&str, usize> = source.tensors.iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect();
     let mut planned: Vec<Planned> = Vec::new();
     for name in weight_map.keys() {
-        let ti = by_name[name.as_str()];
+        let ti = *by_name.get(name.as_str()).ok_or_else(|| err(format!("index names {name}, which no shard holds")))?;
         let t = &source.tensors[ti];
         let (role, qtype, out_shape, out_bytes) = if is_external(name) {
             (EXTERNAL_ROLE, None, vec![], 0)
@@ -213,6 +242,9 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
             }
             let g = q.ggml();
             let k = t.shape[1] * 2;
+            if k == 0 {
+                return Err(err(format!("{name}: rows of 0 values")));
+            }
             if k % g.block_size != 0 {
                 return Err(err(format!("{name}: {k} is not a multiple of {}", g.block_size)));
             }
@@ -225,14 +257,14 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
         planned.push(Planned { tensor: ti, role, qtype, scale: None, out_shape, out_bytes, out_offset: 0 });
     }
     // Scales of quantised weights: matching dropped scale, MXFP4 shape rules.
-    let scales: std::collections::HashMap<String, usize> = planned
+    let scales: HashMap<String, usize> = planned
         .iter()
         .filter(|p| p.role == "dropped-expert-scale")
-        .map(|p| (source.tensors[p.tensor].name.strip_suffix(".scale").unwrap().to_string(), p.tensor))
+        .filter_map(|p| Some((source.tensors[p.tensor].name.strip_suffix(".scale")?.to_string(), p.tensor)))
         .collect();
     for p in planned.iter_mut().filter(|p| p.role == "quantised") {
         let t = &source.tensors[p.tensor];
-        let key = t.name.strip_suffix(".weight").unwrap();
+        let key = t.name.strip_suffix(".weight").unwrap_or(&t.name);
         let si = *scales.get(key).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor", t.name)))?;
         let s = &source.tensors[si];
         if s.shape.len() != 2 || s.shape[0] != t.shape[0] || s.shape[1] * 32 != t.shape[1] * 2 {
@@ -243,8 +275,52 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
         }
         p.scale = Some(si);
     }
+    Ok(planned)
+}
+
+/// The importance row of every quantised tensor (all checked at mount), and which imatrix
+/// entry and row it came from.
+type Importance = HashMap<usize, (Arc<Vec<f32>>, Option<String>)>;
+
+fn importance_rows(source: &Source, planned: &[Planned], imatrix: Option<&Imatrix>) -> Result<Importance, ViewError> {
+    let mut rows = HashMap::new();
+    for p in planned.iter().filter(|p| p.role == "quantised") {
+        let t = &source.tensors[p.tensor];
+        let k = (t.shape[1] * 2) as usize;
+        let row = match imatrix {
+            None => (Arc::new(vec![1.0f32; k]), None),
+            Some(m) => {
+                let (entry, r) = m.locate(&t.name, k).map_err(|rule| err(format!("imatrix {}: {rule}", m.path.display())))?;
+                (Arc::new(m.row(&t.name, k)?), Some(format!("{entry}[{r}]")))
+            }
+        };
+        rows.insert(p.tensor, row);
+    }
+    Ok(rows)
+}
+
+/// Build the view: plan, importance, then per output shard its file, manifest and marker,
+/// then `plan.json`.
+pub fn build(source: &Source, recipe: &Options, ctx: &super::Context) -> Result<Tree, ViewError> {
+    let meta = source.safetensors().ok_or_else(|| err("the requantised-shards view needs a safetensors checkpoint"))?;
+    let index_path = meta.index_path.as_ref().ok_or_else(|| err("model.safetensors.index.json is missing"))?;
+    let index: Value = serde_json::from_slice(&std::fs::read(index_path).map_err(|e| err(format!("{}: {e}", index_path.display())))?)
+        .map_err(|e| err(format!("{}: {e}", index_path.display())))?;
+    let weight_map = index["weight_map"].as_object().ok_or_else(|| err("index has no weight_map"))?;
+    let mut planned = plan(source, weight_map, recipe)?;
+    let imatrix = match &recipe.imatrix {
+        Some(p) => Some(Imatrix::open(p)?),
+        None => None,
+    };
+    let importance = match &imatrix {
+        None => "unit (no imatrix; no activation calibration)".to_string(),
+        Some(m) => m.describe(),
+    };
+    let rows = importance_rows(source, &planned, imatrix.as_ref())?;
+    let recipe_json = json!({"w1": recipe.w1.ggml().name, "w2": recipe.w2.ggml().name, "w3": recipe.w3.ggml().name});
 
     // Output shards mirror the source shards that keep anything, sorted by name.
+    let shard_name = |t: &TensorInfo| meta.shards[t.file].name.clone();
     let mut by_shard: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, p) in planned.iter().enumerate() {
         if p.role == "preserved" || p.role == "quantised" {
@@ -254,45 +330,90 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
     let n_out = by_shard.len();
     let mut tree = Tree::new();
     let mut plan_shards = Vec::new();
-    let recipe_json = json!({"w1": recipe.w1.ggml().name, "w2": recipe.w2.ggml().name, "w3": recipe.w3.ggml().name});
-    let imatrix = match &recipe.imatrix {
-        Some(p) => Some(super::imatrix::Imatrix::open(p)?),
-        None => None,
-    };
-    let importance_text = match &imatrix {
-        None => "unit (no imatrix; no activation calibration)".to_string(),
-        Some(m) => m.describe(),
-    };
-    let importance = importance_text.as_str();
-    // Every quantised tensor needs its importance row: check them all at mount.
-    let mut rows: std::collections::HashMap<usize, (Arc<Vec<f32>>, Option<String>)> = std::collections::HashMap::new();
-    for p in planned.iter().filter(|p| p.role == "quantised") {
-        let t = &source.tensors[p.tensor];
-        let k = (t.shape[1] * 2) as usize;
-        let row = match &imatrix {
-            None => (Arc::new(vec![1.0f32; k]), None),
-            Some(m) => {
-                let (entry, r) = m.locate(&t.name, k).map_err(|rule| err(format!("imatrix {}: {rule}", m.path.display())))?;
-                (Arc::new(m.row(&t.name, k)?), Some(format!("{entry}[{r}]")))
-            }
-        };
-        rows.insert(p.tensor, row);
-    }
-    let t_json = |p: &Planned, out_shard: &str| -> Value {
-        let t = &source.tensors[p.tensor];
-        let data_start = 8 + meta.shards[t.file].header_len;
-        json!({
-            "name": t.name, "shard": shard_name(t), "dtype": st_dtype(t), "shape": t.shape,
-            "begin": t.offset - data_start, "end": t.offset - data_start + t.nbytes, "data_start": data_start,
-            "role": p.role, "out_shard": out_shard, "out_offset": p.out_offset,
-            "out_dtype": match p.role { "quantised" => "U8".to_string(), "preserved" => st_dtype(t), _ => String::new() },
-            "out_shape": p.out_shape, "out_bytes": p.out_bytes,
-            "ggml_type": p.qtype.map(|q| q.ggml().name),
-        })
-    };
     for (i, (shard, members)) in by_shard.iter().enumerate() {
         let out_name = format!("quant-{:05}-of-{:05}.safetensors", i + 1, n_out);
-        let mut members = members.clone();
+        let shard_plan = Shard { source, planned: &mut planned, members: members.clone(), rows: &rows, cache: &ctx.cache };
+        let (f, members, data_bytes) = shard_plan.file();
+        let f = Arc::new(f);
+        tree.add_file_arc(ROOT_INO, &out_name, f.clone());
+        let context = ShardManifest { out_name: &out_name, shard, recipe_json: &recipe_json, importance: &importance, data_bytes };
+        let manifest = context.manifest(source, &planned, &members, &f, &rows, &ctx.store);
+        tree.add_file(ROOT_INO, &format!("{out_name}.manifest.json"), manifest.into_file());
+        tree.add_file(
+            ROOT_INO,
+            &format!("{out_name}.complete"),
+            VirtualFile::from_bytes(format!("{shard} {} {}\n", f.size(), members.len()).into_bytes()),
+        );
+        plan_shards.push(json!({
+            "source_shard": shard, "output_shard": out_name, "data_bytes": data_bytes,
+            "tensors": members.iter().map(|&m| tensor_json(source, &planned[m], &out_name)).collect::<Vec<_>>(),
+        }));
+    }
+    let plan = plan_json(source, weight_map.len(), &planned, &recipe_json, &importance, plan_shards);
+    tree.add_file(ROOT_INO, "plan.json", VirtualFile::from_bytes(indent1(&plan)));
+    Ok(tree)
+}
+
+/// One planned tensor as the seed's plan records it.
+fn tensor_json(source: &Source, p: &Planned, out_shard: &str) -> Value {
+    let t = &source.tensors[p.tensor];
+    let (shard, data_start) = match source.safetensors() {
+        Some(meta) => (meta.shards[t.file].name.clone(), 8 + meta.shards[t.file].header_len),
+        None => (String::new(), 0),
+    };
+    json!({
+        "name": t.name, "shard": shard, "dtype": st_dtype(t), "shape": t.shape,
+        "begin": t.offset - data_start, "end": t.offset - data_start + t.nbytes, "data_start": data_start,
+        "role": p.role, "out_shard": out_shard, "out_offset": p.out_offset,
+        "out_dtype": match p.role { "quantised" => "U8".to_string(), "preserved" => st_dtype(t), _ => String::new() },
+        "out_shape": p.out_shape, "out_bytes": p.out_bytes,
+        "ggml_type": p.qtype.map(|q| q.ggml().name),
+    })
+}
+
+/// `plan.json`: the roles, totals and shards.
+fn plan_json(source: &Source, source_tensors: usize, planned: &[Planned], recipe_json: &Value, importance: &str, shards: Vec<Value>) -> Value {
+    let of_role = |role: &'static str| planned.iter().filter(move |p| p.role == role);
+    let sum = |role: &'static str, f: &dyn Fn(&Planned) -> u64| of_role(role).map(f).sum::<u64>();
+    let root = source.safetensors().map(|m| m.root.to_string_lossy().into_owned()).unwrap_or_default();
+    json!({
+        "source_dir": root,
+        "source_revision": SOURCE_REVISION,
+        "recipe": recipe_json,
+        "importance": importance,
+        "external": of_role(EXTERNAL_ROLE).map(|p| tensor_json(source, p, "")).collect::<Vec<_>>(),
+        "dropped": of_role("dropped-expert-scale").map(|p| tensor_json(source, p, "")).collect::<Vec<_>>(),
+        "totals": {
+            "source_tensors": source_tensors,
+            "preserved": of_role("preserved").count(),
+            "quantised": of_role("quantised").count(),
+            "dropped_expert_scales": of_role("dropped-expert-scale").count(),
+            "external_native": of_role(EXTERNAL_ROLE).count(),
+            "quantised_logical_weights": sum("quantised", &|p| source.tensors[p.tensor].shape[0] * source.tensors[p.tensor].shape[1] * 2),
+            "preserved_bytes": sum("preserved", &|p| p.out_bytes),
+            "quantised_bytes": sum("quantised", &|p| p.out_bytes),
+            "external_bytes": sum(EXTERNAL_ROLE, &|p| source.tensors[p.tensor].nbytes),
+            "dropped_bytes": sum("dropped-expert-scale", &|p| source.tensors[p.tensor].nbytes),
+            "output_bytes": sum("preserved", &|p| p.out_bytes) + sum("quantised", &|p| p.out_bytes),
+        },
+        "shards": shards,
+    })
+}
+
+/// One output shard being laid out.
+struct Shard<'a> {
+    source: &'a Source,
+    planned: &'a mut [Planned],
+    members: Vec<usize>,
+    rows: &'a Importance,
+    cache: &'a Arc<ChunkCache>,
+}
+
+impl Shard<'_> {
+    /// The shard file (the seed's header, then each tensor at its output offset, in source
+    /// offset order), its members in that order and its data bytes.
+    fn file(self) -> (VirtualFile, Vec<usize>, u64) {
+        let Shard { source, planned, mut members, rows, cache } = self;
         members.sort_by(|&a, &b| {
             let (ta, tb) = (&source.tensors[planned[a].tensor], &source.tensors[planned[b].tensor]);
             ta.offset.cmp(&tb.offset).then(ta.name.cmp(&tb.name))
@@ -309,160 +430,152 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, recip
             let dtype = if p.role == "quantised" { "U8".to_string() } else { st_dtype(t) };
             entries.insert(t.name.clone(), json!({"dtype": dtype, "shape": p.out_shape, "data_offsets": [p.out_offset, p.out_offset + p.out_bytes]}));
         }
-        let header = seed_header(&entries);
-        let file_bytes = header.len() as u64 + offset;
         let mut f = VirtualFile::new();
-        f.push(Extent::Bytes(header.into()));
-        // (name, source file, source offset, source bytes, output extent start, output bytes) for the manifest.
-        let mut manifest_rows = Vec::new();
-        let mut importance_rows: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        f.push(Extent::Bytes(seed_header(&entries).into()));
         for &m in &members {
             let p = &planned[m];
             let t = &source.tensors[p.tensor];
-            let start = f.size();
-            if let (Some(q), Some(si)) = (p.qtype, p.scale) {
-                let s = &source.tensors[si];
-                let k = (t.shape[1] * 2) as usize;
-                let out_row_bytes = (p.out_shape[1]) as usize;
-                let rows_per_chunk = ((1usize << 20) / out_row_bytes.max(1)).clamp(16, 4096) / 16 * 16;
-                let inner = Arc::new(QuantInner {
-                    name: t.name.clone(),
-                    weight: source.files[t.file].clone(),
-                    weight_offset: t.offset,
-                    scale: source.files[s.file].clone(),
-                    scale_offset: s.offset,
-                    rows: t.shape[0] as usize,
-                    k,
-                    qtype: q,
-                    rows_per_chunk,
-                    out_row_bytes,
-                    id: cache.producer_id(),
-                    cache: cache.clone(),
-                    importance: rows[&p.tensor].0.clone(),
-                });
-                let src = Arc::new(QuantChunks(inner.clone()));
-                for c in 0..inner.chunks() {
-                    let rows = rows_per_chunk.min(inner.rows - c as usize * rows_per_chunk);
-                    f.push(Extent::Computed { source: src.clone(), id: c, len: (rows * out_row_bytes) as u64 });
+            match (p.qtype, p.scale) {
+                (Some(q), Some(si)) => {
+                    let s = &source.tensors[si];
+                    let out_row_bytes = p.out_shape[1] as usize;
+                    let rows_per_chunk = ((1usize << 20) / out_row_bytes.max(1)).clamp(16, 4096) / 16 * 16;
+                    let inner = Arc::new(QuantInner {
+                        name: t.name.clone(),
+                        weight: source.files[t.file].clone(),
+                        weight_offset: t.offset,
+                        scale: source.files[s.file].clone(),
+                        scale_offset: s.offset,
+                        rows: t.shape[0] as usize,
+                        k: (t.shape[1] * 2) as usize,
+                        qtype: q,
+                        rows_per_chunk,
+                        out_row_bytes,
+                        id: cache.producer_id(),
+                        cache: cache.clone(),
+                        importance: rows.get(&p.tensor).map(|r| r.0.clone()).unwrap_or_default(),
+                    });
+                    let src = Arc::new(QuantChunks(inner.clone()));
+                    for c in 0..inner.chunks() {
+                        let rows = rows_per_chunk.min(inner.rows - c as usize * rows_per_chunk);
+                        f.push(Extent::Computed { source: src.clone(), id: c, len: (rows * out_row_bytes) as u64 });
+                    }
                 }
-            } else {
-                f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes });
+                _ => f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes }),
             }
-            manifest_rows.push((t.name.clone(), source.files[t.file].clone(), t.offset, t.nbytes, start, p.out_bytes));
+        }
+        (f, members, offset)
+    }
+}
+
+/// What a shard's manifest records besides its tensors.
+struct ShardManifest<'a> {
+    out_name: &'a str,
+    shard: &'a str,
+    recipe_json: &'a Value,
+    importance: &'a str,
+    data_bytes: u64,
+}
+
+impl ShardManifest<'_> {
+    /// `<shard>.manifest.json`: every tensor's source and output sha256.
+    fn manifest(&self, source: &Source, planned: &[Planned], members: &[usize], f: &Arc<VirtualFile>, rows: &Importance, store: &DigestStore) -> Derived {
+        let header_len = f.extents().next().map(|(_, e)| e.len()).unwrap_or(0);
+        let mut inputs = Vec::new();
+        let mut names = Vec::new();
+        let mut importance_rows: HashMap<String, String> = HashMap::new();
+        for &m in members {
+            let p = &planned[m];
+            let t = &source.tensors[p.tensor];
+            inputs.push(Input::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes });
+            inputs.push(Input::View { file: f.clone(), offset: header_len + p.out_offset, len: p.out_bytes });
+            names.push((t.name.clone(), t.nbytes, p.out_bytes));
             if let Some((_, Some(src_row))) = rows.get(&p.tensor) {
                 importance_rows.insert(t.name.clone(), src_row.clone());
             }
         }
-        for row in &manifest_rows {
-            f.want_digest(row.4, row.5); // the manifest's output_sha256
-        }
-        let f = Arc::new(f);
-        tree.add_file_arc(ROOT_INO, &out_name, f.clone());
-
-        // Per-shard manifest, lazily hashed.
-        let make = {
-            let (out_name, shard, recipe_json) = (out_name.clone(), shard.clone(), recipe_json.clone());
-            let importance = importance.to_string();
-            let names: Vec<(String, u64, u64)> = manifest_rows.iter().map(|r| (r.0.clone(), r.3, r.5)).collect();
-            let importance_rows = importance_rows.clone();
-            move |hashes: &[(String, String)]| -> Vec<u8> {
-                let tensors: Vec<Value> = names
-                    .iter()
-                    .zip(hashes)
-                    .map(|((n, sb, ob), (sh, oh))| {
-                        let mut v = json!({"name": n, "source_bytes": sb, "source_sha256": sh, "output_bytes": ob, "output_sha256": oh});
-                        if let Some(r) = importance_rows.get(n) {
-                            v["importance_row"] = Value::String(r.clone()); // only with an imatrix (beyond the seed)
-                        }
-                        v
-                    })
-                    .collect();
-                indent1(&json!({
-                    "output_shard": out_name, "source_shard": shard, "source_revision": SOURCE_REVISION,
-                    "recipe": recipe_json, "importance": importance, "data_bytes": offset, "file_bytes": file_bytes,
-                    "tensors": tensors,
-                }))
-            }
-        };
-        let zero = "0".repeat(64);
-        let len = make(&vec![(zero.clone(), zero); manifest_rows.len()]).len() as u64;
-        let key = {
-            let mut h = sha2::Sha256::new();
-            use sha2::Digest;
-            h.update(format!("{VIEW}-v1:{out_name}:{recipe_json}:{importance}:").as_bytes());
-            for (n, file, off, nb, _, ob) in &manifest_rows {
-                let id = file.identity();
-                // Not the device number: see DigestStore (stores shared over a network filesystem).
-                h.update(format!("{n}:{}:{}:{}:{}:{off}:{nb}:{ob};", id.inode, id.size, id.mtime_ns, id.ctime_ns).as_bytes());
-            }
-            digest::hex(&h.finalize())
-        };
-        let store = store.clone();
-        let build_manifest = move || -> Result<Vec<u8>, ViewError> {
-            let hashes = match store.load_view(&key) {
-                Some(h) if h.len() == 2 * manifest_rows.len() => h.chunks(2).map(|c| (c[0].clone(), c[1].clone())).collect(),
-                _ => {
-                    let mut hashes = Vec::new();
-                    let mut flat = Vec::new();
-                    for (_, file, off, nb, start, ob) in &manifest_rows {
-                        let sh = hash_source(file, *off, *nb)?;
-                        let oh = f.sha256_range(*start, *ob)?;
-                        flat.push(sh.clone());
-                        flat.push(oh.clone());
-                        hashes.push((sh, oh));
+        let (out_name, shard, recipe_json, importance, data_bytes) =
+            (self.out_name.to_string(), self.shard.to_string(), self.recipe_json.clone(), self.importance.to_string(), self.data_bytes);
+        let file_bytes = f.size();
+        let params = format!("{}:{out_name}:{recipe_json}:{importance}:{}", crate::codec::REVISION, digest::sha256_hex(&serde_json::to_vec(&names).unwrap_or_default()));
+        let key = DigestStore::view_key(VIEW, &params, &source.files);
+        Derived::new(format!("{out_name}.manifest.json"), store, key, inputs, move |hashes| {
+            let tensors: Vec<Value> = names
+                .iter()
+                .zip(hashes.chunks(2))
+                .map(|((n, sb, ob), h)| {
+                    let mut v = json!({"name": n, "source_bytes": sb, "source_sha256": h[0], "output_bytes": ob, "output_sha256": h[1]});
+                    if let Some(r) = importance_rows.get(n) {
+                        v["importance_row"] = Value::String(r.clone()); // only with an imatrix (beyond the seed)
                     }
-                    if let Err(e) = store.save_view(&key, &flat) {
-                        tracing::warn!("could not store requant digests: {e}");
-                    }
-                    hashes
-                }
-            };
-            Ok(make(&hashes))
-        };
-        tree.add_file(ROOT_INO, &format!("{out_name}.manifest.json"), VirtualFile::lazy(len, build_manifest));
-        tree.add_file(ROOT_INO, &format!("{out_name}.complete"), VirtualFile::from_bytes(format!("{shard} {file_bytes} {}\n", members.len()).into_bytes()));
-        plan_shards.push(json!({
-            "source_shard": shard, "output_shard": out_name, "data_bytes": offset,
-            "tensors": members.iter().map(|&m| t_json(&planned[m], &out_name)).collect::<Vec<_>>(),
-        }));
+                    v
+                })
+                .collect();
+            indent1(&json!({
+                "output_shard": out_name, "source_shard": shard, "source_revision": SOURCE_REVISION,
+                "recipe": recipe_json, "importance": importance, "data_bytes": data_bytes, "file_bytes": file_bytes,
+                "tensors": tensors,
+            }))
+        })
     }
-
-    let of_role = |role: &'static str| planned.iter().filter(move |p| p.role == role);
-    let sum = |role: &'static str, f: &dyn Fn(&Planned) -> u64| of_role(role).map(f).sum::<u64>();
-    let plan = json!({
-        "source_dir": meta.root.to_string_lossy(),
-        "source_revision": SOURCE_REVISION,
-        "recipe": recipe_json,
-        "importance": importance,
-        "external": of_role(EXTERNAL_ROLE).map(|p| t_json(p, "")).collect::<Vec<_>>(),
-        "dropped": of_role("dropped-expert-scale").map(|p| t_json(p, "")).collect::<Vec<_>>(),
-        "totals": {
-            "source_tensors": weight_map.len(),
-            "preserved": of_role("preserved").count(),
-            "quantised": of_role("quantised").count(),
-            "dropped_expert_scales": of_role("dropped-expert-scale").count(),
-            "external_native": of_role(EXTERNAL_ROLE).count(),
-            "quantised_logical_weights": sum("quantised", &|p| source.tensors[p.tensor].shape[0] * source.tensors[p.tensor].shape[1] * 2),
-            "preserved_bytes": sum("preserved", &|p| p.out_bytes),
-            "quantised_bytes": sum("quantised", &|p| p.out_bytes),
-            "external_bytes": sum(EXTERNAL_ROLE, &|p| source.tensors[p.tensor].nbytes),
-            "dropped_bytes": sum("dropped-expert-scale", &|p| source.tensors[p.tensor].nbytes),
-            "output_bytes": sum("preserved", &|p| p.out_bytes) + sum("quantised", &|p| p.out_bytes),
-        },
-        "shards": plan_shards,
-    });
-    tree.add_file(ROOT_INO, "plan.json", VirtualFile::from_bytes(indent1(&plan)));
-    Ok(tree)
 }
 
-fn hash_source(file: &SourceFile, offset: u64, len: u64) -> Result<String, ViewError> {
+/// `materialize --verify` of one written shard against its manifest and `.complete` marker:
+/// every tensor's bytes (located by the shard's own safetensors header) hash to the
+/// manifest's `output_sha256`.
+fn verify_shard(out: &Path, shard: &str, m: &Value) -> Result<(), ViewError> {
+    use std::os::unix::fs::FileExt;
+    let refuse = |rule: String| ViewError::Verify { file: shard.to_string(), rule };
+    let path = out.join(shard);
+    let io = |e: std::io::Error| refuse(format!("{}: {e}", path.display()));
+    let f = std::fs::File::open(&path).map_err(io)?;
+    let size = f.metadata().map_err(io)?.len();
+    if m["file_bytes"].as_u64() != Some(size) {
+        return Err(refuse(format!("{size} bytes, the manifest says {}", m["file_bytes"])));
+    }
+    let mut len8 = [0u8; 8];
+    f.read_exact_at(&mut len8, 0).map_err(io)?;
+    let hlen = u64::from_le_bytes(len8);
+    if hlen > size.saturating_sub(8) || hlen > 100 << 20 {
+        return Err(refuse(format!("header length {hlen} exceeds the file")));
+    }
+    let mut hb = vec![0u8; hlen as usize];
+    f.read_exact_at(&mut hb, 8).map_err(io)?;
+    let header: Value = serde_json::from_slice(&hb).map_err(|e| refuse(format!("header is not JSON: {e}")))?;
+    let tensors = m["tensors"].as_array().ok_or_else(|| refuse("manifest has no tensors".into()))?;
+    for t in tensors {
+        let tname = t["name"].as_str().unwrap_or("");
+        let offs = &header[tname]["data_offsets"];
+        let (Some(a), Some(b)) = (offs[0].as_u64(), offs[1].as_u64()) else {
+            return Err(refuse(format!("tensor {tname} of the manifest is not in the shard")));
+        };
+        if b < a || Some(b - a) != t["output_bytes"].as_u64() || 8 + hlen + b > size {
+            return Err(refuse(format!("tensor {tname} has data_offsets [{a}, {b}], the manifest says {} bytes", t["output_bytes"])));
+        }
+        let got = hash_file_range(&f, 8 + hlen + a, b - a).map_err(io)?;
+        if Some(got.as_str()) != t["output_sha256"].as_str() {
+            return Err(refuse(format!("tensor {tname} hashes to {got}, the manifest says {}", t["output_sha256"])));
+        }
+    }
+    let marker = out.join(format!("{shard}.complete"));
+    let text = std::fs::read_to_string(&marker).map_err(|e| refuse(format!("{}: {e}", marker.display())))?;
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    if fields.len() != 3 || fields[1] != size.to_string() || fields[2] != tensors.len().to_string() {
+        return Err(refuse(format!("{} says {:?}, expected {size} bytes and {} tensors", marker.display(), text.trim(), tensors.len())));
+    }
+    Ok(())
+}
+
+/// sha256 of `len` bytes at `offset` of a written file.
+fn hash_file_range(f: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
+    use std::os::unix::fs::FileExt;
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 8 << 20];
+    let mut buf = vec![0u8; len.min(8 << 20) as usize];
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], offset + done)?;
+        f.read_exact_at(&mut buf[..n], offset + done)?;
         h.update(&buf[..n]);
         done += n as u64;
     }

@@ -46,10 +46,11 @@ pub struct VirtualFile {
     /// (start offset, extent), sorted, contiguous, no empty extents.
     extents: Vec<(u64, Extent)>,
     size: u64,
-    /// Built from digests of other files (manifests): materialize writes it after them.
+    /// Built from digests of other files (manifests, [`super::derived`]): materialize writes
+    /// it after them.
     derived: bool,
     /// Ranges whose sha256 a derived file needs (besides the whole file).
-    digest_ranges: Vec<(u64, u64)>,
+    digest_ranges: parking_lot::Mutex<Vec<(u64, u64)>>,
     /// Digests already known for (offset, len), recorded by whoever streamed those bytes.
     known: parking_lot::Mutex<Vec<(u64, u64, String)>>,
 }
@@ -151,8 +152,9 @@ impl ChunkSource for Lazy {
 }
 
 impl VirtualFile {
-    /// A file of `len` bytes produced by `build` on first read (errors are not kept).
-    pub fn lazy(len: u64, build: impl Fn() -> Result<Vec<u8>, ViewError> + Send + Sync + 'static) -> VirtualFile {
+    /// A file of `len` bytes produced by `build` on first read (errors are not kept); views
+    /// make them through [`super::derived::Derived`].
+    pub(crate) fn lazy(len: u64, build: impl Fn() -> Result<Vec<u8>, ViewError> + Send + Sync + 'static) -> VirtualFile {
         let mut f = VirtualFile::new();
         f.push(Extent::Computed { source: Arc::new(Lazy { len, build: Box::new(build), done: OnceLock::new() }), id: 0, len });
         f.derived = true;
@@ -179,15 +181,18 @@ impl VirtualFile {
     }
 
     /// Declare that a derived file needs the sha256 of `len` bytes at `offset`, so that a
-    /// writer streaming this file can compute it on the way.
-    pub fn want_digest(&mut self, offset: u64, len: u64) {
-        self.digest_ranges.push((offset, len));
+    /// writer streaming this file can compute it on the way (see [`super::derived`]). The
+    /// whole file's digest is always taken by whoever streams it and is not recorded here.
+    pub fn want_digest(&self, offset: u64, len: u64) {
+        let mut r = self.digest_ranges.lock();
+        if (offset, len) != (0, self.size) && !r.contains(&(offset, len)) {
+            r.push((offset, len));
+        }
     }
 
-    /// The ranges declared with [`VirtualFile::want_digest`] (the whole file's digest is
-    /// always taken by whoever streams it, and is not among them).
-    pub fn digest_ranges(&self) -> &[(u64, u64)] {
-        &self.digest_ranges
+    /// The ranges declared with [`VirtualFile::want_digest`].
+    pub fn digest_ranges(&self) -> Vec<(u64, u64)> {
+        self.digest_ranges.lock().clone()
     }
 
     /// Remember the sha256 of `len` bytes at `offset`, computed from bytes read through

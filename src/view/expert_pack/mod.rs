@@ -18,10 +18,12 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use super::derived::{Derived, Input};
+use super::{Context, Extent, Purpose, Tree, ViewError, ViewOptions, VirtualFile, ROOT_INO};
 use crate::digest::{self, DigestStore, SourceDigests};
 use crate::pyjson;
 use crate::source::{Source, TensorInfo};
+use crate::util::args::{hex64, int_in, power_of_two};
 
 pub mod format;
 
@@ -29,51 +31,70 @@ pub use format::*;
 
 const VIEW: &str = "expert-pack";
 
-/// Identity and layout arguments of a pack (the seed's command-line arguments).
-#[derive(Debug, Clone)]
-pub struct PackOptions {
-    /// File name stem: `<name>.pack`. Default: the source's stem.
-    pub name: Option<String>,
+/// The seed's identity and layout arguments (`-o key=value` or `--key value`).
+#[derive(Debug, Clone, clap::Args)]
+#[group(id = "pack")]
+pub struct Options {
+    /// Model reference recorded in the manifest
+    #[arg(long, default_value = "deepseek-v4-flash", help_heading = "Expert pack")]
     pub model_ref: String,
-    /// Hex sha256; default: the sha256 of the source's header region.
+    /// Model identity digest, 64 hex (default: sha256 of the GGUF header region)
+    #[arg(long, value_parser = hex64, help_heading = "Expert pack")]
     pub model_identity_sha256: Option<String>,
-    /// Hex sha256 of the model config; default: from `config_blob`, else the header sha256.
+    /// Config digest, 64 hex (default: sha256 of config_blob, else of the GGUF header region)
+    #[arg(long, value_parser = hex64, help_heading = "Expert pack")]
     pub config_sha256: Option<String>,
-    /// A config file whose sha256 is the config digest (checked against `config_sha256`).
+    /// Config file whose sha256 is the config digest (checked against config_sha256)
+    #[arg(long, value_name = "FILE", help_heading = "Expert pack")]
     pub config_blob: Option<PathBuf>,
+    /// Expected layer count (checked against the source)
+    #[arg(long, value_parser = int_in::<u32>(1, 65536), help_heading = "Expert pack")]
     pub num_layers: Option<u32>,
+    /// Expected routed-expert count (checked against the source)
+    #[arg(long, value_parser = int_in::<u32>(1, 65536), help_heading = "Expert pack")]
     pub num_experts: Option<u32>,
+    /// Experts per token recorded in the header (default: GGUF expert_used_count, else 6)
+    #[arg(long, value_parser = int_in::<u32>(1, 65536), help_heading = "Expert pack")]
     pub top_k: Option<u32>,
+    /// Pack alignment, a power of two
+    #[arg(long, default_value = "4096", value_parser = power_of_two(1, MAX_ALIGNMENT), help_heading = "Expert pack")]
     pub alignment: u64,
-    /// Expected source sha256, verified.
+    /// Expected sha256 of the source; the mount fails if it hashes differently
+    #[arg(long, value_parser = hex64, help_heading = "Expert pack")]
     pub source_sha256: Option<String>,
-    /// Directory the pack is seen in (mountpoint or output directory): the manifest's
-    /// `pack_path` is `<pack_dir>/<name>.pack`.
-    pub pack_dir: PathBuf,
-    /// Recorded as `builder.command`.
-    pub command: String,
-    /// Building for materialize: the manifest is derived from the written pack's digest, and
-    /// the seed's checkpoint file is part of the output.
-    pub materialize: bool,
 }
 
-impl Default for PackOptions {
+impl Default for Options {
     fn default() -> Self {
-        PackOptions {
-            name: None,
-            model_ref: "deepseek-v4-flash".into(),
-            model_identity_sha256: None,
-            config_sha256: None,
-            config_blob: None,
-            num_layers: None,
-            num_experts: None,
-            top_k: None,
-            alignment: 4096,
-            source_sha256: None,
-            pack_dir: PathBuf::from("."),
-            command: String::new(),
-            materialize: false,
-        }
+        super::ViewOptions::default().pack
+    }
+}
+
+/// Largest `alignment`: every object is padded to it, so the pack grows by up to this much
+/// per object (all zeros, never held in memory).
+pub const MAX_ALIGNMENT: u64 = 1 << 30;
+/// Largest index (header region held in memory): 256 MiB, 818,000 entries; the full
+/// DeepSeek V4-Flash pack's index is 10.6 MB.
+pub const MAX_INDEX_BYTES: u64 = 256 << 20;
+
+/// The expert-pack view.
+pub struct ExpertPackView;
+
+impl super::View for ExpertPackView {
+    fn name(&self) -> &'static str {
+        VIEW
+    }
+    fn summary(&self) -> &'static str {
+        "SGLang expert pack (SGLANG-EXPERTPACK-v1) of a GGUF's routed experts, byte-identical to the seed"
+    }
+    fn is_default_for(&self, input: &super::Input) -> bool {
+        matches!(input, super::Input::Checkpoint(s) if s.gguf().is_some())
+    }
+    fn build(&self, input: &super::Input, opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
+        build(input.source(VIEW)?, opts, ctx)
+    }
+    fn verify(&self, out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+        verify(out, written)
     }
 }
 
@@ -124,9 +145,9 @@ pub fn parse_expert_name(name: &str) -> Option<(u32, usize)> {
 }
 
 /// Find the routed-expert tensors and derive the layout, with the seed's checks.
-pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
-    if opts.alignment == 0 || !opts.alignment.is_power_of_two() {
-        return Err(option_err("alignment", format!("{} is not a power of two", opts.alignment)));
+pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
+    if opts.alignment == 0 || !opts.alignment.is_power_of_two() || opts.alignment > MAX_ALIGNMENT {
+        return Err(option_err("alignment", format!("{} is not a power of two from 1 to {MAX_ALIGNMENT}", opts.alignment)));
     }
     let mut found: BTreeMap<(u32, usize), usize> = BTreeMap::new();
     for (i, t) in source.tensors.iter().enumerate() {
@@ -241,6 +262,12 @@ pub fn plan(source: &Source, opts: &PackOptions) -> Result<Layout, ViewError> {
     let index_count = object_count * 3;
     let object_payload_bytes = role_nbytes * 3;
     let object_stride = align_up(object_payload_bytes, opts.alignment);
+    if index_count * ENTRY_BYTES > MAX_INDEX_BYTES {
+        return Err(layout_err(format!(
+            "{num_layers} layers x {num_experts} experts need an index of {} bytes, more than the {MAX_INDEX_BYTES} this view holds",
+            index_count * ENTRY_BYTES
+        )));
+    }
     let data_start = align_up(HEADER_BYTES + index_count * ENTRY_BYTES, opts.alignment);
     Ok(Layout {
         num_layers,
@@ -273,7 +300,7 @@ pub struct ExpertPack {
     pub layout: Layout,
     pub name: String,
     pub header: PackHeader,
-    /// Header, index and zero padding: the first `data_start` bytes of the pack.
+    /// Header and index (zero padding follows up to `data_start`).
     pub head: Arc<[u8]>,
     pub index_sha256: String,
     pub digests: SourceDigests,
@@ -284,7 +311,7 @@ pub struct ExpertPack {
 
 impl ExpertPack {
     /// `layout` is [`plan`]'s result for the same source and options.
-    pub fn new(source: &Source, layout: Layout, digests: SourceDigests, opts: &PackOptions) -> Result<ExpertPack, ViewError> {
+    pub fn new(source: &Source, layout: Layout, digests: SourceDigests, opts: &Options, name: Option<&str>) -> Result<ExpertPack, ViewError> {
         let model_identity = opts.model_identity_sha256.clone().unwrap_or_else(|| digests.header_sha256.clone()).to_ascii_lowercase();
         let model_identity_raw = parse_hex32("model_identity_sha256", &model_identity)?;
         let blob_sha = match &opts.config_blob {
@@ -331,7 +358,7 @@ impl ExpertPack {
             source_blob_sha256: source_raw,
             config_sha256: config_raw,
         };
-        let mut head = Vec::with_capacity(layout.data_start as usize);
+        let mut head = Vec::with_capacity((HEADER_BYTES + layout.index_count * ENTRY_BYTES) as usize);
         head.extend_from_slice(&header.encode());
         for layer in 0..layout.num_layers {
             for expert in 0..layout.num_experts {
@@ -372,9 +399,8 @@ impl ExpertPack {
             }
         }
         let index_sha256 = digest::sha256_hex(&head[HEADER_BYTES as usize..]);
-        head.resize(layout.data_start as usize, 0);
         Ok(ExpertPack {
-            name: opts.name.clone().unwrap_or_else(|| source.stem()),
+            name: name.map(str::to_string).unwrap_or_else(|| source.stem()),
             layout,
             header,
             head: head.into(),
@@ -388,14 +414,17 @@ impl ExpertPack {
 
     /// Key under which this pack's sha256 is remembered: it is determined by the
     /// header and index (which hold every parameter and every slice digest).
-    pub fn store_key(&self) -> String {
-        format!("{VIEW}:{}", digest::sha256_hex(&self.head))
+    /// What the pack's bytes depend on besides the source files: its header and index (which
+    /// hold the source's digests) and its layout.
+    pub fn store_params(&self) -> String {
+        format!("{}:{}", digest::sha256_hex(&self.head), self.layout.pack_size)
     }
 
     pub fn pack_file(&self, source: &Source) -> VirtualFile {
         let l = &self.layout;
         let mut f = VirtualFile::new();
         f.push(Extent::Bytes(self.head.clone()));
+        f.push(Extent::Zeros(l.data_start - self.head.len() as u64));
         let padding = l.object_stride - l.object_payload_bytes;
         for layer in 0..l.num_layers {
             for expert in 0..l.num_experts {
@@ -459,7 +488,7 @@ impl ExpertPack {
         })
     }
 
-    pub fn manifest(&self, source: &ManifestSource, opts: &PackOptions, pack_path: &str, pack_sha256: &str) -> Value {
+    pub fn manifest(&self, source: &ManifestSource, opts: &Options, command: &str, pack_path: &str, pack_sha256: &str) -> Value {
         let l = &self.layout;
         let d = &self.digests;
         let routed: std::collections::HashSet<usize> = l.roles.iter().flatten().copied().collect();
@@ -552,7 +581,7 @@ impl ExpertPack {
             "builder": {
                 "git_sha": crate::GIT_SHA,
                 "python": format!("xpackfs {} (Rust; no Python)", env!("CARGO_PKG_VERSION")),
-                "command": opts.command,
+                "command": command,
                 "started_at": d.computed_at,
                 "elapsed_s": d.elapsed_s,
             },
@@ -563,78 +592,72 @@ impl ExpertPack {
 
 /// Plan, digest and describe the expert-pack view: `<name>.pack` and its manifest.
 ///
-/// For a mount the pack's sha256 (the manifest's `pack_sha256`) is obtained up front, from
-/// the digest store or by hashing the pack once. For materialize (`opts.materialize`) the
-/// manifest is a derived file instead: its digest comes from the pass that writes the pack,
-/// and the seed's completed checkpoint file `<name>.pack.checkpoint.json` is added.
-pub fn build(source: &Source, store: &DigestStore, opts: &PackOptions) -> Result<Tree, ViewError> {
-    let layout = plan(source, opts)?; // fail on layout before any hashing
-    let digests = digest::obtain(source, store, opts.source_sha256.as_deref())?;
-    let pack = Arc::new(ExpertPack::new(source, layout, digests, opts)?);
+/// The manifest's `pack_sha256` is the pack's own digest, a [`Derived`] input remembered in
+/// the digest store. A mount renders the manifest at build time (SGLang reads it at start-up:
+/// the first mount of a source hashes the pack once, later ones find the digest remembered).
+/// For materialize it is a derived file, rendered from the digest taken while writing the
+/// pack, and the seed's completed checkpoint file `<name>.pack.checkpoint.json` is added.
+pub fn build(source: &Source, opts: &ViewOptions, ctx: &Context) -> Result<Tree, ViewError> {
+    let layout = plan(source, &opts.pack)?; // fail on layout before any hashing
+    let digests = digest::obtain(source, &ctx.store, opts.pack.source_sha256.as_deref())?;
+    let pack = Arc::new(ExpertPack::new(source, layout, digests, &opts.pack, opts.name.as_deref())?);
     let file = Arc::new(pack.pack_file(source));
     let pack_name = format!("{}.pack", pack.name);
-    let pack_path = opts.pack_dir.join(&pack_name).to_string_lossy().into_owned();
-    let render = {
-        let (pack, opts, pack_path) = (pack.clone(), opts.clone(), pack_path.clone());
-        let source_info = ManifestSource::of(source);
-        move |pack_sha256: &str| -> Vec<u8> {
-            let mut text = pyjson::dumps(&pack.manifest(&source_info, &opts, &pack_path, pack_sha256), &pyjson::Style::PRETTY_SORTED);
-            text.push('\n');
-            text.into_bytes()
-        }
-    };
-    // The pack's digest: remembered in the store with the source's digests.
-    let pack_digest = {
-        let (pack, file, store) = (pack.clone(), file.clone(), store.clone());
-        let once: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        move || -> Result<String, ViewError> {
-            if let Some(h) = once.get() {
-                return Ok(h.clone());
-            }
-            let key = pack.store_key();
-            if let Some(h) = pack.digests.views.get(&key) {
-                return Ok(h.clone());
-            }
-            if file.known_digest(0, file.size()).is_none() {
-                tracing::info!("hashing the {} byte pack once to fill pack_sha256", file.size());
-            }
-            let h = file.sha256()?;
-            let mut d = pack.digests.clone();
-            d.views.insert(key, h.clone());
-            if let Err(e) = store.save(&d) {
-                tracing::warn!("could not store the pack digest: {e}");
-            }
-            Ok(once.get_or_init(|| h).clone())
-        }
-    };
+    let pack_path = ctx.location.join(&pack_name).to_string_lossy().into_owned();
     let mut tree = Tree::new();
     tree.add_file_arc(ROOT_INO, &pack_name, file.clone());
-    let manifest_name = format!("{pack_name}.manifest.json");
-    if !opts.materialize {
-        let sha = pack_digest()?;
-        tree.add_file(ROOT_INO, &manifest_name, VirtualFile::from_bytes(render(&sha)));
-        return Ok(tree);
-    }
-    let len = render(&"0".repeat(64)).len() as u64;
-    let pack_digest = Arc::new(pack_digest);
+
     let manifest = {
-        let pack_digest = pack_digest.clone();
-        Arc::new(VirtualFile::lazy(len, move || Ok(render(&pack_digest()?))))
-    };
-    tree.add_file_arc(ROOT_INO, &manifest_name, manifest.clone());
-    let checkpoint = {
-        let pack = pack.clone();
-        let make = move |pack_sha256: &str, manifest_sha256: &str| -> Vec<u8> {
-            let mut text = pyjson::dumps(&pack.checkpoint(pack_sha256, manifest_sha256), &pyjson::Style::PRETTY_SORTED);
+        let (pack, popts, command) = (pack.clone(), opts.pack.clone(), ctx.command.clone());
+        let source_info = ManifestSource::of(source);
+        let key = DigestStore::view_key(VIEW, &pack.store_params(), &source.files);
+        Derived::new(format!("{pack_name}.manifest.json"), &ctx.store, key, vec![Input::whole(&file)], move |h| {
+            let mut text = pyjson::dumps(&pack.manifest(&source_info, &popts, &command, &pack_path, &h[0]), &pyjson::Style::PRETTY_SORTED);
             text.push('\n');
             text.into_bytes()
-        };
-        let zero = "0".repeat(64);
-        let len = make(&zero, &zero).len() as u64;
-        VirtualFile::lazy(len, move || Ok(make(&pack_digest()?, &manifest.sha256()?)))
+        })
     };
-    tree.add_file(ROOT_INO, &format!("{pack_name}.checkpoint.json"), checkpoint);
+    let manifest_name = format!("{pack_name}.manifest.json");
+    if ctx.purpose == Purpose::Mount {
+        tree.add_file(ROOT_INO, &manifest_name, manifest.into_file_now()?);
+        return Ok(tree);
+    }
+    let manifest = Arc::new(manifest.into_file());
+    tree.add_file_arc(ROOT_INO, &manifest_name, manifest.clone());
+    // The checkpoint holds the digests of the two files just written (nothing to remember).
+    let checkpoint = Derived::new(
+        format!("{pack_name}.checkpoint.json"),
+        &DigestStore { dir: None },
+        String::new(),
+        vec![Input::whole(&file), Input::whole(&manifest)],
+        move |h| {
+            let mut text = pyjson::dumps(&pack.checkpoint(&h[0], &h[1]), &pyjson::Style::PRETTY_SORTED);
+            text.push('\n');
+            text.into_bytes()
+        },
+    );
+    tree.add_file(ROOT_INO, &format!("{pack_name}.checkpoint.json"), checkpoint.into_file());
     Ok(tree)
+}
+
+/// `materialize --verify`: `pack_sha256` of the manifest, and the checkpoint's
+/// `pack_sha256` / `manifest_sha256`, against the written files.
+fn verify(out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+    for (name, _) in written.iter() {
+        let refuse = |rule: String| ViewError::Verify { file: name.clone(), rule };
+        if let Some(pack) = name.strip_suffix(".manifest.json").filter(|p| p.ends_with(".pack")) {
+            if super::derived::read_json(out, name)?["pack_sha256"].as_str() != written.get(pack).map(String::as_str) {
+                return Err(refuse(format!("pack_sha256 does not match {pack}")));
+            }
+        } else if let Some(pack) = name.strip_suffix(".checkpoint.json").filter(|p| p.ends_with(".pack")) {
+            let c = super::derived::read_json(out, name)?;
+            let manifest = format!("{pack}.manifest.json");
+            if c["pack_sha256"].as_str() != written.get(pack).map(String::as_str) || c["manifest_sha256"].as_str() != written.get(&manifest).map(String::as_str) {
+                return Err(refuse(format!("does not match {pack} and {manifest}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What the manifest says about the source (kept instead of the source itself).

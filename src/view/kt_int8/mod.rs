@@ -19,15 +19,17 @@ use std::sync::Arc;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
+use super::cache::ChunkCache;
+use super::derived::{Derived, Input};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::view::cache::ChunkCache;
+use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};
-use crate::digest::{self, DigestStore};
+use crate::digest::DigestStore;
 use crate::pyjson::{self, Style};
 use crate::source::{Source, SourceFile, TensorDtype};
 
 const VIEW: &str = "kt-int8";
-pub const MANIFEST_NAME: &str = "kt-weight-manifest.json";
+pub use validate::MANIFEST_NAME;
 const PROJS: [&str; 3] = ["gate", "up", "down"];
 
 fn err(rule: impl Into<String>) -> ViewError {
@@ -228,7 +230,62 @@ impl ChunkSource for Int8Chunks {
     }
 }
 
-pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, numa: usize) -> Result<Tree, ViewError> {
+/// Options of the INT8 views.
+#[derive(Debug, Clone, clap::Args)]
+#[group(id = "int8")]
+pub struct Options {
+    /// kt-int8: NUMA parts (kt-kernel's threadpool count)
+    #[arg(long, default_value = "1", value_parser = int_in::<u32>(1, 64), help_heading = "INT8")]
+    pub numa_count: u32,
+    /// INT8 tree mounts: hash every file while validating the tree, before mounting
+    #[arg(long, help_heading = "INT8")]
+    pub verify_hashes: bool,
+}
+
+/// The kt-int8 view.
+pub struct KtInt8View;
+
+impl super::View for KtInt8View {
+    fn name(&self) -> &'static str {
+        VIEW
+    }
+    fn summary(&self) -> &'static str {
+        "kt-kernel persistent INT8 expert tree (schema 2) computed from GGUF, DeepSeek MXFP4 or HF dense experts"
+    }
+    fn build(&self, input: &super::Input, opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
+        build(input.source(VIEW)?, opts.kt_int8.numa_count as usize, ctx)
+    }
+    fn verify(&self, out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+        verify_written_tree(out, written)
+    }
+    fn exclusive_root(&self) -> bool {
+        true
+    }
+}
+
+/// `materialize --verify` of an INT8 tree: the validator's rules, then the manifest's
+/// digests against the written files' (re-hashed from disk just before, so the files are not
+/// read a third time).
+pub fn verify_written_tree(out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+    if !written.contains_key(MANIFEST_NAME) {
+        return Ok(());
+    }
+    validate::validate(out, &validate::Expect::default(), Some(false))?;
+    for layer in super::derived::read_json(out, MANIFEST_NAME)?["layers"].as_array().into_iter().flatten() {
+        for f in layer["files"].as_array().into_iter().flatten() {
+            let file = f["path"].as_str().unwrap_or("");
+            if f["sha256"].as_str() != written.get(file).map(String::as_str) {
+                return Err(ViewError::Verify { file: MANIFEST_NAME.into(), rule: format!("{file} does not match its digest in {MANIFEST_NAME}") });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Build the view: the experts and their dimensions, the tree of quant and scale files, the
+/// manifest.
+pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree, ViewError> {
+    let cache = &ctx.cache;
     let ex = find_experts(source)?;
     let (h, i, e) = (ex.hidden, ex.inter, ex.experts);
     if numa == 0 || i % numa != 0 {
@@ -307,31 +364,8 @@ pub fn build(source: &Source, store: &DigestStore, cache: Arc<ChunkCache>, numa:
             s.into_bytes()
         }
     };
-    let all: Vec<Arc<VirtualFile>> = layer_files.iter().flat_map(|(_, fs)| fs.iter().map(|f| f.1.clone())).collect();
-    let len = make(&vec!["0".repeat(64); all.len()]).len() as u64;
-    let key = {
-        let mut s = format!("{VIEW}-v1:{numa}:{}:", ex.decode);
-        for f in &source.files {
-            let id = f.identity();
-            // Not the device number: see DigestStore (stores shared over a network filesystem).
-            s += &format!("{}:{}:{}:{}:{};", f.path().display(), id.inode, id.size, id.mtime_ns, id.ctime_ns);
-        }
-        digest::sha256_hex(s.as_bytes())
-    };
-    let store = store.clone();
-    let build_manifest = move || -> Result<Vec<u8>, ViewError> {
-        let hashes = match store.load_view(&key) {
-            Some(h) if h.len() == all.len() => h,
-            _ => {
-                let h = all.iter().map(|f| f.sha256()).collect::<Result<Vec<_>, _>>()?;
-                if let Err(e) = store.save_view(&key, &h) {
-                    tracing::warn!("could not store INT8 digests: {e}");
-                }
-                h
-            }
-        };
-        Ok(make(&hashes))
-    };
-    tree.add_file(ROOT_INO, MANIFEST_NAME, VirtualFile::lazy(len, build_manifest));
+    let inputs: Vec<Input> = layer_files.iter().flat_map(|(_, fs)| fs.iter().map(|f| Input::whole(&f.1))).collect();
+    let key = DigestStore::view_key(VIEW, &format!("{}:{numa}:{}", codec::REVISION, ex.decode), &source.files);
+    tree.add_file(ROOT_INO, MANIFEST_NAME, Derived::new(MANIFEST_NAME, &ctx.store, key, inputs, make).into_file());
     Ok(tree)
 }

@@ -23,9 +23,35 @@ pub fn is_int8_tree(path: &Path) -> bool {
     path.is_dir() && (path.join(MANIFEST_NAME).exists() || path.join(LEGACY_MANIFEST_NAME).exists())
 }
 
+/// Mounts of existing INT8 trees (chosen by `view=auto` for a directory holding one).
+pub struct Int8TreeView;
+
+impl crate::view::View for Int8TreeView {
+    fn name(&self) -> &'static str {
+        "int8-tree"
+    }
+    fn summary(&self) -> &'static str {
+        "an existing kt-kernel INT8 tree, validated, served read-only (FUSE passthrough where possible)"
+    }
+    fn is_default_for(&self, input: &crate::view::Input) -> bool {
+        matches!(input, crate::view::Input::Int8Tree(_))
+    }
+    fn build(&self, input: &crate::view::Input, opts: &crate::view::ViewOptions, _ctx: &crate::view::Context) -> Result<Tree, ViewError> {
+        match input {
+            crate::view::Input::Int8Tree(root) => build(root, opts.kt_int8.verify_hashes),
+            crate::view::Input::Checkpoint(_) => Err(ViewError::layout("int8-tree", "the source is a checkpoint, not an INT8 tree (no kt-weight-manifest.json)")),
+        }
+    }
+    fn verify(&self, out: &Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+        super::verify_written_tree(out, written)
+    }
+    fn exclusive_root(&self) -> bool {
+        true
+    }
+}
+
 pub fn build(root: &Path, verify_hashes: bool) -> Result<Tree, ViewError> {
-    let v = validate::validate(root, &Expect::default(), Some(verify_hashes))
-        .map_err(|e| ViewError::Layout { view: "int8-tree", rule: format!("invalid INT8 tree {}: {e}", root.display()) })?;
+    let v = validate::validate(root, &Expect::default(), Some(verify_hashes))?;
     let mut tree = Tree::new();
     add_dir(&mut tree, ROOT_INO, &v.root)?;
     Ok(tree)

@@ -38,6 +38,14 @@ pub struct Validated {
 
 type R<T> = Result<T, String>;
 
+/// A tree that breaks one of the validator's rules; `rule` is the seed's message.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid INT8 tree {}: {rule}", root.display())]
+pub struct InvalidTree {
+    pub root: PathBuf,
+    pub rule: String,
+}
+
 /// A JSON integer that is not a bool (Python's `isinstance(v, int) and not bool`).
 fn as_int(v: Option<&Value>) -> Option<i64> {
     v.and_then(|v| if v.is_i64() || v.is_u64() { v.as_i64() } else { None })
@@ -319,7 +327,11 @@ fn validate_layer(root: &Path, layer: &Value, schema: i64, numa: i64, experts: i
 }
 
 /// Validate a tree. `verify_hashes: None` is the seed's "strongest the manifest supports".
-pub fn validate(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> R<Validated> {
+pub fn validate(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> Result<Validated, InvalidTree> {
+    validate_rules(root, expect, verify_hashes).map_err(|rule| InvalidTree { root: root.to_path_buf(), rule })
+}
+
+fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> R<Validated> {
     // Expectations the caller did not give come from the manifest (read it once first).
     let (numa, experts, hidden, inter, layers) = {
         let peek = || -> Option<serde_json::Map<String, Value>> {

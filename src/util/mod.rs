@@ -1,4 +1,7 @@
-//! Small helpers shared by every layer: hex digests and Python-compatible UTC timestamps.
+//! Small helpers shared by every layer: hex digests, Python-compatible UTC timestamps, and
+//! the value parsers of options ([`args`]).
+
+pub mod args;
 
 use sha2::{Digest, Sha256};
 

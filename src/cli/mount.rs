@@ -1,0 +1,53 @@
+//! `xpackfs mount`: check the arguments, go to the background (or not), build the view and
+//! serve it. Errors before the fork are printed here; after it, the daemon hands them to
+//! the waiting parent through the readiness pipe.
+
+use std::path::Path;
+
+use super::MountArgs;
+use crate::serve::{self, daemon};
+use crate::view::{self, Context, Input, Purpose};
+
+pub fn run(a: MountArgs) -> i32 {
+    let MountArgs { source, mountpoint, options } = a;
+    let source = match std::fs::canonicalize(&source) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("xpackfs: source {}: {e}", source.display());
+            return 1;
+        }
+    };
+    let location = match serve::mount_location(&mountpoint, &options.serve) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("xpackfs: {e}");
+            return 1;
+        }
+    };
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut ready = if options.serve.foreground { daemon::Readiness::foreground() } else { daemon::daemonize() };
+    if ready.is_background() {
+        let _ = std::env::set_current_dir("/");
+    }
+    daemon::block_signals();
+    super::init_logging(options.serve.debug);
+    let ctx = Context::new(Purpose::Mount, location, command, &options.view);
+    let result = build(&source, &options.view, &ctx)
+        .and_then(|built| serve::mount(&source, &mountpoint, built, ctx.cache.clone(), &options.serve, &mut ready).map_err(|e| e.to_string()));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            if ready.is_background() {
+                ready.failed(&e); // the waiting parent prints it
+            } else {
+                eprintln!("xpackfs: {e}");
+            }
+            1
+        }
+    }
+}
+
+fn build(source: &Path, opts: &view::ViewOptions, ctx: &Context) -> Result<view::Built, String> {
+    let input = Input::open(source).map_err(|e| e.to_string())?;
+    view::build(&input, opts, ctx).map_err(|e| e.to_string())
+}
