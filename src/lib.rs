@@ -6,6 +6,8 @@
 //! [`serve`] (FUSE) and materialisation read views through the same
 //! [`view::VirtualFile::read_at`].
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cli;
 pub mod codec;
 pub mod digest;

@@ -78,8 +78,10 @@ fn source_identity(built: &Built) -> Value {
 
 /// Bytes free for an unprivileged writer on the filesystem holding `dir`.
 fn free_bytes(dir: &Path) -> Result<u64, MaterializeError> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|e| io(dir)(std::io::Error::other(e)))?;
+    // SAFETY: statvfs is plain old data, for which all zeros is a valid value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `s` a valid statvfs to fill.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
         return Err(io(dir)(std::io::Error::last_os_error()));
     }

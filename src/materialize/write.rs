@@ -30,6 +30,7 @@ pub(super) fn partial_paths(out: &Path, name: &str) -> (PathBuf, PathBuf) {
 /// Ask the kernel to start writing back `len` bytes at `off` now, without waiting, so dirty
 /// pages do not pile up until the next fdatasync (which then has little left to do).
 fn start_writeback(f: &File, off: u64, len: u64) {
+    // SAFETY: a plain system call on a descriptor `f` keeps open; it reads no memory.
     unsafe {
         libc::sync_file_range(f.as_raw_fd(), off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
     }

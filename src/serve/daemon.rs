@@ -15,24 +15,32 @@ pub struct Readiness {
 /// returns. Must run before any thread is started.
 pub fn daemonize() -> Readiness {
     let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         eprintln!("xpackfs: pipe: {}", std::io::Error::last_os_error());
         std::process::exit(1);
     }
+    // SAFETY: called before any thread is started (see above), so the child is a complete
+    // copy of a single-threaded process.
     match unsafe { libc::fork() } {
         -1 => {
             eprintln!("xpackfs: fork: {}", std::io::Error::last_os_error());
             std::process::exit(1);
         }
         0 => {
+            // SAFETY: fds[0] is the read end this process owns and no longer needs; setsid has
+            // no preconditions.
             unsafe {
                 libc::close(fds[0]);
                 libc::setsid();
             }
+            // SAFETY: fds[1] is the write end of the pipe just created, owned by nothing else.
             Readiness { pipe: Some(unsafe { std::fs::File::from(OwnedFd::from_raw_fd(fds[1])) }) }
         }
         _child => {
+            // SAFETY: fds[1] is the write end, which only the child uses.
             unsafe { libc::close(fds[1]) };
+            // SAFETY: fds[0] is the read end of the pipe just created, owned by nothing else.
             let mut r = unsafe { std::fs::File::from(OwnedFd::from_raw_fd(fds[0])) };
             let mut msg = Vec::new();
             let _ = r.read_to_end(&mut msg);
@@ -83,6 +91,7 @@ impl Readiness {
 fn detach_stdio(log_file: Option<&Path>) {
     let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null");
     let log = log_file.and_then(|p| std::fs::OpenOptions::new().create(true).append(true).open(p).ok());
+    // SAFETY: dup2 onto the standard descriptors of descriptors that are open for the whole call.
     unsafe {
         if let Ok(n) = &null {
             libc::dup2(std::os::fd::AsRawFd::as_raw_fd(n), 0);
@@ -98,6 +107,7 @@ fn detach_stdio(log_file: Option<&Path>) {
 /// Block SIGTERM, SIGINT and SIGHUP in this thread and every thread started after,
 /// so that [`wait_for_signal`] receives them.
 pub fn block_signals() {
+    // SAFETY: `set` is a local sigset_t initialised by sigemptyset before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -109,6 +119,7 @@ pub fn block_signals() {
 }
 
 pub fn wait_for_signal() -> i32 {
+    // SAFETY: `set` and `sig` are locals; `set` is initialised by sigemptyset before use.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);

@@ -95,7 +95,7 @@ pub fn parse_shard(file: &SourceFile, file_index: usize, logical_base: u64) -> R
     if file.size() < 8 {
         return Err(SourceError::format(path, format!("truncated: {} bytes, the header length alone needs 8", file.size())));
     }
-    // Safety: read-only mapping; only the header pages are read here, while the file is
+    // SAFETY: read-only mapping; only the header pages are read here, while the file is
     // checked against its opening identity right after.
     let map = unsafe { memmap2::Mmap::map(&fh) }.map_err(|e| SourceError::Io { path: path.to_path_buf(), source: e })?;
     let (n, metadata) = SafeTensors::read_metadata(&map[..]).map_err(|e| {
