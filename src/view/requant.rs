@@ -170,10 +170,11 @@ impl QuantInner {
                 first + index / (self.k / 32),
                 index % (self.k / 32)
             )),
-            other => content(other.to_string()),
+            other => ViewError::Codec { tensor: self.name.clone(), source: other },
         })?;
         let mut out = vec![0u8; rows * self.out_row_bytes];
-        codec::quantize_rows_par(self.qtype, &x, self.k, Some(&self.importance), &mut out).map_err(|e| content(e.to_string()))?;
+        codec::quantize_rows_par(self.qtype, &x, self.k, Some(&self.importance), &mut out)
+            .map_err(|e| ViewError::Codec { tensor: self.name.clone(), source: e })?;
         Ok(out)
     }
 

@@ -47,6 +47,7 @@ enum Matrix {
 impl Matrix {
     fn decode(&self, n: usize, k: usize, name: &str) -> Result<Vec<f32>, ViewError> {
         let content = |rule: String| ViewError::Content { tensor: name.to_string(), rule };
+        let codec_err = |e| ViewError::Codec { tensor: name.to_string(), source: e };
         let mut out = vec![0f32; n * k];
         match self {
             Matrix::Mxfp4 { w, w_off, s, s_off } => {
@@ -54,12 +55,12 @@ impl Matrix {
                 w.read_exact_at(&mut packed, *w_off)?;
                 let mut scales = vec![0u8; n * k / 32];
                 s.read_exact_at(&mut scales, *s_off)?;
-                codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).map_err(|e| content(e.to_string()))?;
+                codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).map_err(codec_err)?;
             }
             Matrix::Ggml { f, off, nbytes, ty } => {
                 let mut b = vec![0u8; *nbytes as usize];
                 f.read_exact_at(&mut b, *off)?;
-                codec::dequantize(*ty, &b, &mut out).map_err(|e| content(e.to_string()))?;
+                codec::dequantize(*ty, &b, &mut out).map_err(codec_err)?;
             }
             Matrix::Dense { f, off, dtype } => {
                 let size = match dtype {
@@ -199,11 +200,12 @@ impl Int8Chunks {
             } else {
                 (kt_int8::numa_split_rows(&w, rows, cols, part, self.numa), self.inter / self.numa, self.hidden)
             };
-            let sub = sub.map_err(|e| ViewError::Internal(e.to_string()))?;
+            let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
+            let sub = sub.map_err(codec_err)?;
             let (mut q, mut d) = (vec![0i8; n * k], vec![0f32; n]);
-            kt_int8::quantize(&sub, n, k, &mut q, &mut d).map_err(|e| ViewError::Internal(e.to_string()))?;
+            kt_int8::quantize(&sub, n, k, &mut q, &mut d).map_err(codec_err)?;
             let mut packed = vec![0u8; n * k];
-            kt_int8::pack(&q, n, k, &mut packed).map_err(|e| ViewError::Internal(e.to_string()))?;
+            kt_int8::pack(&q, n, k, &mut packed).map_err(codec_err)?;
             Ok((Arc::from(packed), Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())))
         }).collect();
         let mut out = Vec::with_capacity(2 * self.numa);
