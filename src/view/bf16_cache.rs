@@ -32,7 +32,7 @@ use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
-use crate::source::{Source, SourceFile, TensorInfo};
+use crate::source::{Source, SourceFile};
 
 pub const KIND: &str = "deepseek-v4-non-expert-bf16";
 pub const INDEX_NAME: &str = "model.safetensors.index.json";
@@ -139,45 +139,69 @@ pub fn read_config(config: &Value) -> Result<V4Config, ViewError> {
     if dims.iter().any(Option::is_none) {
         return Err(err("native V4 dimensions must be positive integers"));
     }
-    let (layers, experts, hidden, inter) = (dims[0].unwrap(), dims[1].unwrap(), dims[2].unwrap(), dims[3].unwrap());
+    let (layers, experts, hidden, inter) = (dims[0].unwrap_or(1), dims[1].unwrap_or(1), dims[2].unwrap_or(1), dims[3].unwrap_or(1));
+    for (key, v, max) in [("num_hidden_layers", layers, 4096), ("n_routed_experts", experts, 65536), ("hidden_size", hidden, 1 << 20), ("moe_intermediate_size", inter, 1 << 20)] {
+        if v > max {
+            return Err(err(format!("config.json {key} = {v} is beyond any real model (at most {max})")));
+        }
+    }
     if hidden % 32 != 0 || inter % 32 != 0 {
         return Err(err("invalid MXFP4 routed-expert dimensions"));
     }
-    Ok(V4Config { model_type: model_type.to_string(), layers, experts, hidden, inter, block: block.unwrap() })
+    Ok(V4Config { model_type: model_type.to_string(), layers, experts, hidden, inter, block: block.unwrap_or([128, 128]) })
 }
 
 fn is_fp8(d: Dtype) -> bool {
     d == Dtype::F8_E4M3
 }
 
-/// Check the routed-expert inventory as the seed's `inspect_native_checkpoint` does.
+/// `layers.{l}.ffn.experts.{e}.{proj}.{kind}` -> (l, e, proj index, kind index), only in the
+/// canonical spelling (no leading zeros), as the seed's names are generated.
+fn routed_expert_name(name: &str) -> Option<(u64, u64, usize, usize)> {
+    let rest = name.strip_prefix("layers.")?;
+    let (l, rest) = rest.split_once(".ffn.experts.")?;
+    let (e, rest) = rest.split_once('.')?;
+    let (proj, kind) = rest.split_once('.')?;
+    let (l, e): (u64, u64) = (l.parse().ok()?, e.parse().ok()?);
+    let p = ["w1", "w3", "w2"].iter().position(|x| *x == proj)?;
+    let k = ["weight", "scale"].iter().position(|x| *x == kind)?;
+    (format!("layers.{l}.ffn.experts.{e}.{proj}.{kind}") == name).then_some((l, e, p, k))
+}
+
+/// Check the routed-expert inventory as the seed's `inspect_native_checkpoint` does: every
+/// `layers.L.ffn.experts.E.w{1,3,2}.{weight,scale}` for the config's layers and experts, with
+/// the MXFP4 shapes and dtypes, and no other routed-expert tensor. Memory and time are
+/// bounded by the tensors present, whatever counts the config claims.
 pub fn check_experts(source: &Source, cfg: &V4Config) -> Result<(), ViewError> {
-    let by_name: HashMap<&str, &TensorInfo> = source.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let mut expected: HashMap<String, (Vec<u64>, &[Dtype])> = HashMap::new();
-    for layer in 0..cfg.layers {
-        for expert in 0..cfg.experts {
-            for (proj, n, k) in [("w1", cfg.inter, cfg.hidden), ("w3", cfg.inter, cfg.hidden), ("w2", cfg.hidden, cfg.inter)] {
-                let prefix = format!("layers.{layer}.ffn.experts.{expert}.{proj}");
-                expected.insert(format!("{prefix}.weight"), (vec![n, k / 2], &[Dtype::I8, Dtype::U8]));
-                expected.insert(format!("{prefix}.scale"), (vec![n, k / 32], &[Dtype::F8_E8M0]));
-            }
-        }
-    }
+    let mut present = std::collections::HashSet::new();
     for t in &source.tensors {
         let dtype = match t.dtype {
             crate::source::TensorDtype::Safetensors(d) => d,
             _ => return Err(err("the BF16 cache view needs a safetensors checkpoint")),
         };
-        if let Some((shape, dtypes)) = expected.get(t.name.as_str()) {
-            if &t.shape != shape || !dtypes.contains(&dtype) {
-                return Err(err(format!("invalid native MXFP4 tensor {}: {:?}, {dtype:?}", t.name, t.shape)));
+        match routed_expert_name(&t.name) {
+            Some((l, e, p, k)) if l < cfg.layers && e < cfg.experts => {
+                let (n, kdim) = if p == 2 { (cfg.hidden, cfg.inter) } else { (cfg.inter, cfg.hidden) };
+                let (shape, dtypes): (Vec<u64>, &[Dtype]) = if k == 0 { (vec![n, kdim / 2], &[Dtype::I8, Dtype::U8]) } else { (vec![n, kdim / 32], &[Dtype::F8_E8M0]) };
+                if t.shape != shape || !dtypes.contains(&dtype) {
+                    return Err(err(format!("invalid native MXFP4 tensor {}: {:?}, {dtype:?}", t.name, t.shape)));
+                }
+                present.insert((l, e, p, k));
             }
-        } else if t.name.contains(".experts.") && !t.name.starts_with("mtp.") {
-            return Err(err(format!("unexpected routed-expert tensor: {}", t.name)));
+            _ if t.name.contains(".experts.") && !t.name.starts_with("mtp.") => {
+                return Err(err(format!("unexpected routed-expert tensor: {}", t.name)));
+            }
+            _ => {}
         }
     }
-    if let Some(missing) = expected.keys().find(|k| !by_name.contains_key(k.as_str())) {
-        return Err(err(format!("incomplete native MXFP4 checkpoint: {missing} is missing")));
+    let want = cfg.layers.saturating_mul(cfg.experts).saturating_mul(6);
+    if present.len() as u64 != want {
+        // Among the first present+1 expected names, one is absent.
+        let mut expected = (0..cfg.layers).flat_map(|l| (0..cfg.experts).flat_map(move |e| (0..3).flat_map(move |p| (0..2).map(move |k| (l, e, p, k)))));
+        if let Some((l, e, p, k)) = expected.by_ref().take(present.len() + 1).find(|x| !present.contains(x)) {
+            let missing = format!("layers.{l}.ffn.experts.{e}.{}.{}", ["w1", "w3", "w2"][p], ["weight", "scale"][k]);
+            return Err(err(format!("incomplete native MXFP4 checkpoint: {missing} is missing")));
+        }
     }
     Ok(())
 }

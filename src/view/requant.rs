@@ -276,7 +276,43 @@ fn plan(source: &Source, weight_map: &Map<String, Value>, recipe: &Options) -> R
         }
         p.scale = Some(si);
     }
+    check_expert_shapes(source, &planned)?;
     Ok(planned)
+}
+
+/// Every routed expert of a projection has one shape, and the down projection (w2,
+/// [hidden, inter/2]) fits the gate and up ones (w1/w3, [inter, hidden/2]).
+fn check_expert_shapes(source: &Source, planned: &[Planned]) -> Result<(), ViewError> {
+    let mut first: HashMap<&str, &TensorInfo> = HashMap::new();
+    for p in planned.iter().filter(|p| p.role == "quantised") {
+        let t = &source.tensors[p.tensor];
+        let proj = expert_projection(&t.name);
+        match first.get(proj) {
+            Some(f) if f.shape != t.shape => {
+                return Err(err(format!("{}: shape {:?}, but {} of the same projection has {:?}", t.name, t.shape, f.name, f.shape)));
+            }
+            Some(_) => {}
+            None => {
+                first.insert(proj, t);
+            }
+        }
+    }
+    let (Some(down), up_or_gate) = (first.get("w2"), first.get("w1").or_else(|| first.get("w3"))) else { return Ok(()) };
+    if let Some(g) = up_or_gate {
+        let fits = g.shape.len() == 2 && down.shape.len() == 2 && down.shape[0] == g.shape[1] * 2 && down.shape[1] * 2 == g.shape[0];
+        if !fits {
+            return Err(err(format!(
+                "{}: shape {:?} does not fit {} {:?} (down is [hidden, inter/2] where gate and up are [inter, hidden/2])",
+                down.name, down.shape, g.name, g.shape
+            )));
+        }
+    }
+    if let (Some(w1), Some(w3)) = (first.get("w1"), first.get("w3"))
+        && w1.shape != w3.shape
+    {
+        return Err(err(format!("{}: shape {:?}, but {} has {:?} (gate and up must match)", w3.name, w3.shape, w1.name, w1.shape)));
+    }
+    Ok(())
 }
 
 /// The importance row of every quantised tensor (all checked at mount), and which imatrix

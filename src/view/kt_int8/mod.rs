@@ -93,6 +93,19 @@ struct Experts {
     mats: BTreeMap<(u64, usize, usize), (Matrix, String)>,
 }
 
+/// Caps on what a source may declare before anything is allocated from it. The largest
+/// public MoE checkpoints stay far below them (DeepSeek V4: 61 layers x 256 experts of
+/// 7168 x 2048; Kimi K2/K3: 61-93 layers x 384-896 experts).
+pub const MAX_LAYER_INDEX: u64 = 4095;
+pub const MAX_EXPERTS: u64 = 65536;
+/// Elements of one expert matrix (decoded to f32 whole: 1 GiB).
+pub const MAX_MATRIX_ELEMENTS: u64 = 1 << 28;
+/// Files of the tree (layers x experts x 3 projections x NUMA parts x 2).
+pub const MAX_FILES: u64 = 4 << 20;
+
+/// The GGUF types this view decodes (`codec::dequantize`).
+pub const GGUF_TYPES: &[&str] = &["F32", "F16", "BF16", "Q8_0", "Q2_K", "Q4_K", "Q6_K", "IQ2_XXS", "MXFP4"];
+
 /// `{prefix}{layer}{infix}{expert}.{proj}` -> (layer, expert, role), `projs` naming the
 /// gate, up and down projections in that order.
 fn expert_name<'a>(name: &'a str, prefix: &str, infix: &str, projs: [&str; 3]) -> Option<(u64, &'a str, usize)> {
@@ -101,74 +114,213 @@ fn expert_name<'a>(name: &'a str, prefix: &str, infix: &str, projs: [&str; 3]) -
     Some((layer.parse().ok()?, expert, projs.iter().position(|p| *p == proj)?))
 }
 
+/// One projection of one expert (or of every expert, for a GGUF `*_exps` tensor) as found.
+struct Found {
+    name: String,
+    layer: u64,
+    /// `None`: all `experts` of a GGUF tensor.
+    expert: Option<u64>,
+    role: usize,
+    /// The matrix as rows x cols (row-major).
+    rows: u64,
+    cols: u64,
+    family: &'static str,
+    make: Box<dyn Fn(u64) -> Matrix>,
+    experts: u64,
+}
+
+/// Which matrices a source holds, with every rule checked before anything is laid out:
+/// one family of names, decodable types, rank and shape of every tensor per role (gate and
+/// up inter x hidden, down hidden x inter, the same in every layer), every expert 0..E of
+/// every layer present exactly once, counts under the caps.
 fn find_experts(source: &Source) -> Result<Experts, ViewError> {
-    let mut mats = BTreeMap::new();
-    let (mut hidden, mut inter, mut experts, mut decode) = (0usize, 0usize, 0usize, String::new());
     let by_name: std::collections::HashMap<&str, &crate::source::TensorInfo> = source.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut found: Vec<Found> = Vec::new();
+    let index = |name: &str, what: &str, v: &str, max: u64| -> Result<u64, ViewError> {
+        match v.parse::<u64>() {
+            Ok(x) if x <= max && (v == "0" || !v.starts_with('0')) => Ok(x),
+            _ => Err(err(format!("{name}: {what} index {v:?} is not a number from 0 to {max}"))),
+        }
+    };
     for t in &source.tensors {
-        // GGUF
+        let dims = |n: usize| -> Result<&[u64], ViewError> {
+            if t.shape.len() != n || t.shape.contains(&0) {
+                return Err(err(format!("{}: expected {n} non-zero dimensions, shape is {:?}", t.name, t.shape)));
+            }
+            Ok(&t.shape)
+        };
         if let Some((layer, role)) = super::expert_pack::parse_expert_name(&t.name) {
+            // GGUF: ne = [cols, rows, experts].
             let ty = t.dtype.ggml().ok_or_else(|| err(format!("{}: not a ggml tensor", t.name)))?;
-            if t.shape.len() != 3 {
-                return Err(err(format!("{}: expected 3 dimensions, got {:?}", t.name, t.shape)));
+            if !GGUF_TYPES.contains(&ty.name) {
+                return Err(err(format!("{}: {} experts cannot be decoded by this view (it decodes {})", t.name, ty.name, GGUF_TYPES.join(", "))));
             }
-            let (k, n, e) = (t.shape[0] as usize, t.shape[1] as usize, t.shape[2] as usize);
-            let (h, i) = if role == 2 { (n, k) } else { (k, n) };
-            (hidden, inter, experts) = (h, i, e);
-            decode = format!("gguf {} -> f32 (ggml dequantize_row_*)", ty.name);
-            let slice = t.nbytes / e as u64;
-            for x in 0..e {
-                mats.insert((layer as u64, x, role), (Matrix::Ggml { f: source.files[t.file].clone(), off: t.offset + x as u64 * slice, nbytes: slice, ty }, t.name.clone()));
+            let d = dims(3)?;
+            let (cols, rows, e) = (d[0], d[1], d[2]);
+            if u64::from(layer) > MAX_LAYER_INDEX || e > MAX_EXPERTS {
+                return Err(err(format!("{}: layer {layer} / {e} experts exceed the caps ({MAX_LAYER_INDEX}, {MAX_EXPERTS})", t.name)));
             }
-            continue;
-        }
-        // DeepSeek native MXFP4
-        if let Some((layer, expert, role)) = expert_name(&t.name, "layers.", ".ffn.experts.", ["w1.weight", "w3.weight", "w2.weight"]) {
-            let e: usize = expert.parse().map_err(|_| err(format!("{}: bad expert index", t.name)))?;
-            let scale_name = format!("{}.scale", t.name.strip_suffix(".weight").unwrap());
-            let s = by_name.get(scale_name.as_str()).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor", t.name)))?;
-            let (n, k) = (t.shape[0] as usize, t.shape[1] as usize * 2);
-            if s.shape != [n as u64, (k / 32) as u64] {
-                return Err(err(format!("{}: packing mismatch with its scale {:?}", t.name, s.shape)));
+            let slice = t.nbytes / e;
+            if t.nbytes % e != 0 || rows.checked_mul(cols).and_then(|x| ty.row_bytes(x)) != Some(slice) {
+                return Err(err(format!("{}: {} bytes are not {e} experts of {rows}x{cols} {}", t.name, t.nbytes, ty.name)));
             }
-            let (h, i) = if role == 2 { (n, k) } else { (k, n) };
-            (hidden, inter) = (h, i);
-            experts = experts.max(e + 1);
-            decode = "DeepSeek MXFP4 (E2M1 x E8M0) -> f32, exact".into();
-            mats.insert((layer, e, role), (Matrix::Mxfp4 { w: source.files[t.file].clone(), w_off: t.offset, s: source.files[s.file].clone(), s_off: s.offset }, t.name.clone()));
-            continue;
-        }
-        // Hugging Face dense experts
-        if let Some((layer, expert, role)) =
+            let (f, off) = (source.files[t.file].clone(), t.offset);
+            found.push(Found {
+                name: t.name.clone(),
+                layer: layer.into(),
+                expert: None,
+                role,
+                rows,
+                cols,
+                family: "GGUF blk.L.ffn_{gate,up,down}_exps",
+                make: Box::new(move |x| Matrix::Ggml { f: f.clone(), off: off + x * slice, nbytes: slice, ty }),
+                experts: e,
+            });
+        } else if let Some((layer, expert, role)) = expert_name(&t.name, "layers.", ".ffn.experts.", ["w1.weight", "w3.weight", "w2.weight"]) {
+            // DeepSeek MXFP4: weight [rows, cols/2] of I8/U8 nibbles, scale [rows, cols/32] E8M0.
+            let layer = index(&t.name, "layer", &layer.to_string(), MAX_LAYER_INDEX)?;
+            let e = index(&t.name, "expert", expert, MAX_EXPERTS - 1)?;
+            if !matches!(t.dtype, TensorDtype::Safetensors(Dtype::I8 | Dtype::U8)) {
+                return Err(err(format!("{}: DeepSeek experts must be packed MXFP4 (I8/U8 nibbles), got {}", t.name, t.dtype.name())));
+            }
+            let d = dims(2)?;
+            let (rows, cols) = (d[0], d[1] * 2);
+            let scale_name = format!("{}.scale", t.name.strip_suffix(".weight").unwrap_or(&t.name));
+            let s = by_name.get(scale_name.as_str()).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor {scale_name}", t.name)))?;
+            if s.shape != [rows, cols / 32] || cols % 32 != 0 || !matches!(s.dtype, TensorDtype::Safetensors(Dtype::F8_E8M0)) {
+                return Err(err(format!(
+                    "{}: packing mismatch with its scale {scale_name} ({:?} {}; MXFP4 needs [N, K/2] weights with [N, K/32] F8_E8M0 scales)",
+                    t.name,
+                    s.shape,
+                    s.dtype.name()
+                )));
+            }
+            let (w, w_off, sf, s_off) = (source.files[t.file].clone(), t.offset, source.files[s.file].clone(), s.offset);
+            found.push(Found {
+                name: t.name.clone(),
+                layer,
+                expert: Some(e),
+                role,
+                rows,
+                cols,
+                family: "DeepSeek layers.L.ffn.experts.E.w{1,3,2}",
+                make: Box::new(move |_| Matrix::Mxfp4 { w: w.clone(), w_off, s: sf.clone(), s_off }),
+                experts: 1,
+            });
+        } else if let Some((layer, expert, role)) =
             expert_name(&t.name, "model.layers.", ".mlp.experts.", ["gate_proj.weight", "up_proj.weight", "down_proj.weight"])
         {
-            let e: usize = expert.parse().map_err(|_| err(format!("{}: bad expert index", t.name)))?;
+            // Hugging Face dense experts: [rows, cols] row-major.
+            let layer = index(&t.name, "layer", &layer.to_string(), MAX_LAYER_INDEX)?;
+            let e = index(&t.name, "expert", expert, MAX_EXPERTS - 1)?;
             let dtype = match t.dtype {
                 TensorDtype::Safetensors(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
                 other => return Err(err(format!("{}: dense experts must be BF16, F16 or F32, got {}", t.name, other.name()))),
             };
-            let (n, k) = (t.shape[0] as usize, t.shape[1] as usize);
-            let (h, i) = if role == 2 { (n, k) } else { (k, n) };
-            (hidden, inter) = (h, i);
-            experts = experts.max(e + 1);
-            decode = format!("{dtype:?} -> f32, exact");
-            mats.insert((layer, e, role), (Matrix::Dense { f: source.files[t.file].clone(), off: t.offset, dtype }, t.name.clone()));
+            let d = dims(2)?;
+            let (f, off) = (source.files[t.file].clone(), t.offset);
+            found.push(Found {
+                name: t.name.clone(),
+                layer,
+                expert: Some(e),
+                role,
+                rows: d[0],
+                cols: d[1],
+                family: "Hugging Face model.layers.L.mlp.experts.E.{gate,up,down}_proj",
+                make: Box::new(move |_| Matrix::Dense { f: f.clone(), off, dtype }),
+                experts: 1,
+            });
         }
     }
-    if mats.is_empty() {
+    let Some(first) = found.first() else {
         return Err(err("the source has no routed experts this view can decode (GGUF *_exps, DeepSeek MXFP4, or HF dense experts)"));
+    };
+    if let Some(other) = found.iter().find(|f| f.family != first.family) {
+        return Err(err(format!("{} and {} are experts of two different layouts ({}; {})", first.name, other.name, first.family, other.family)));
     }
-    let layers: BTreeSet<u64> = mats.keys().map(|k| k.0).collect();
-    for &l in &layers {
-        for e in 0..experts {
-            for (r, p) in PROJS.iter().enumerate() {
-                if !mats.contains_key(&(l, e, r)) {
-                    return Err(err(format!("layer {l} expert {e} has no {p} projection")));
+    // Dimensions from the first tensor; every other must agree (gate/up inter x hidden, down
+    // hidden x inter).
+    let (hidden, inter) = if first.role == 2 { (first.rows, first.cols) } else { (first.cols, first.rows) };
+    for f in &found {
+        let want = if f.role == 2 { (hidden, inter) } else { (inter, hidden) };
+        if (f.rows, f.cols) != want {
+            return Err(err(format!(
+                "{}: a {} matrix of {}x{}, but {} makes gate/up {inter}x{hidden} and down {hidden}x{inter} (rows x columns)",
+                f.name, PROJS[f.role], f.rows, f.cols, first.name
+            )));
+        }
+    }
+    if hidden.checked_mul(inter).is_none_or(|x| x > MAX_MATRIX_ELEMENTS) {
+        return Err(err(format!("{}: {hidden}x{inter} expert matrices exceed the cap of {MAX_MATRIX_ELEMENTS} elements", first.name)));
+    }
+    // Expert coverage: every layer holds experts 0..E, each projection exactly once.
+    let mut slots: BTreeMap<(u64, usize), BTreeMap<u64, &Found>> = BTreeMap::new();
+    let mut experts = None;
+    for f in &found {
+        let slot = slots.entry((f.layer, f.role)).or_default();
+        match f.expert {
+            None => {
+                if let Some(prev) = slot.insert(0, f) {
+                    return Err(err(format!("{} and {} are the same layer and projection", prev.name, f.name)));
+                }
+                match experts {
+                    Some(e) if e != f.experts => return Err(err(format!("{}: {} experts, other layers have {e}", f.name, f.experts))),
+                    _ => experts = Some(f.experts),
+                }
+            }
+            Some(e) => {
+                if let Some(prev) = slot.insert(e, f) {
+                    return Err(err(format!("{} and {} are the same expert", prev.name, f.name)));
                 }
             }
         }
     }
-    Ok(Experts { decode, experts, hidden, inter, mats })
+    let layers: BTreeSet<u64> = slots.keys().map(|k| k.0).collect();
+    let per_expert = first.expert.is_some();
+    let experts = match experts {
+        Some(e) => e,
+        None => slots.values().filter_map(|m| m.keys().next_back()).max().map_or(0, |e| e + 1),
+    };
+    for &l in &layers {
+        for (r, p) in PROJS.iter().enumerate() {
+            let have = slots.get(&(l, r)).map(|m| m.len() as u64).unwrap_or(0);
+            let want = if per_expert { experts } else { 1 };
+            if have != want {
+                let missing: Vec<String> = if per_expert {
+                    (0..experts).filter(|e| !slots.get(&(l, r)).is_some_and(|m| m.contains_key(e))).take(8).map(|e| e.to_string()).collect()
+                } else {
+                    vec!["all".into()]
+                };
+                return Err(err(format!("layer {l} has no {p} projection for expert(s) {} (every layer needs experts 0..{experts})", missing.join(", "))));
+            }
+        }
+    }
+    let files = (layers.len() as u64).saturating_mul(experts).saturating_mul(6);
+    if files > MAX_FILES {
+        return Err(err(format!("{} layers x {experts} experts make {files} files per NUMA part, more than the cap of {MAX_FILES}", layers.len())));
+    }
+    let mut mats = BTreeMap::new();
+    for f in &found {
+        match f.expert {
+            None => {
+                for x in 0..f.experts {
+                    mats.insert((f.layer, x as usize, f.role), ((f.make)(x), f.name.clone()));
+                }
+            }
+            Some(e) => {
+                mats.insert((f.layer, e as usize, f.role), ((f.make)(0), f.name.clone()));
+            }
+        }
+    }
+    // The manifest's `decode` names the last expert tensor's decoding, in tensor order.
+    let last = found.last().and_then(|f| by_name.get(f.name.as_str())).map(|t| t.dtype);
+    let decode = match (first.expert.is_none(), first.family.starts_with("DeepSeek"), last) {
+        (true, _, Some(TensorDtype::Ggml(ty))) => format!("gguf {} -> f32 (ggml dequantize_row_*)", ty.name),
+        (_, true, _) => "DeepSeek MXFP4 (E2M1 x E8M0) -> f32, exact".to_string(),
+        (_, _, Some(TensorDtype::Safetensors(d))) => format!("{d:?} -> f32, exact"),
+        _ => String::new(),
+    };
+    Ok(Experts { decode, experts: experts as usize, hidden: hidden as usize, inter: inter as usize, mats })
 }
 
 /// One (layer, expert, projection): all NUMA parts' quant and scale files.
@@ -370,4 +522,96 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
     let key = DigestStore::view_key(VIEW, &format!("{}:{numa}:{}", codec::REVISION, ex.decode), &source.files);
     tree.add_file(ROOT_INO, MANIFEST_NAME, Derived::new(MANIFEST_NAME, &ctx.store, key, inputs, make).into_file());
     Ok(tree)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::{SourceKind, TensorInfo};
+
+    /// A source of dense HF experts (`shape` per tensor name) over one zero file large
+    /// enough for every tensor.
+    fn dense(tensors: &[(&str, Vec<u64>, Dtype)]) -> (tempfile::NamedTempFile, Source) {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        f.as_file().set_len(1 << 20).unwrap();
+        let file = Arc::new(SourceFile::open(f.path()).unwrap());
+        let tensors = tensors
+            .iter()
+            .map(|(name, shape, dtype)| TensorInfo {
+                name: name.to_string(),
+                dtype: TensorDtype::Safetensors(*dtype),
+                shape: shape.clone(),
+                file: 0,
+                offset: 0,
+                nbytes: shape.iter().product::<u64>() * 2,
+                logical_offset: 0,
+            })
+            .collect();
+        let meta = crate::source::safetensors::SafetensorsMeta { root: f.path().into(), config: None, config_path: None, index_path: None, shards: vec![] };
+        (f, Source { files: vec![file], kind: SourceKind::Safetensors(meta), tensors })
+    }
+
+    fn hf(layer: u64, expert: u64, proj: &str) -> String {
+        format!("model.layers.{layer}.mlp.experts.{expert}.{proj}_proj.weight")
+    }
+
+    fn rule(tensors: Vec<(String, Vec<u64>, Dtype)>) -> String {
+        let t: Vec<(&str, Vec<u64>, Dtype)> = tensors.iter().map(|(n, s, d)| (n.as_str(), s.clone(), *d)).collect();
+        let (_f, source) = dense(&t);
+        match find_experts(&source) {
+            Ok(_) => "accepted".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn good(layers: u64, experts: u64) -> Vec<(String, Vec<u64>, Dtype)> {
+        let mut v = Vec::new();
+        for l in 0..layers {
+            for e in 0..experts {
+                v.push((hf(l, e, "gate"), vec![128, 64], Dtype::BF16));
+                v.push((hf(l, e, "up"), vec![128, 64], Dtype::BF16));
+                v.push((hf(l, e, "down"), vec![64, 128], Dtype::BF16));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn shapes_roles_and_coverage_are_checked_before_layout() {
+        assert_eq!(rule(good(2, 2)), "accepted");
+        let (_f, s) = dense(&good(2, 3).iter().map(|(n, sh, d)| (n.as_str(), sh.clone(), *d)).collect::<Vec<_>>());
+        let ex = find_experts(&s).unwrap();
+        assert_eq!((ex.hidden, ex.inter, ex.experts, ex.mats.len()), (64, 128, 3, 18));
+
+        let mut down_like_gate = good(1, 2);
+        down_like_gate[2].1 = vec![128, 64];
+        assert!(rule(down_like_gate).contains("a down matrix of 128x64"), "down shaped like gate");
+        let mut swapped_layer = good(2, 1);
+        for t in swapped_layer.iter_mut().skip(3) {
+            t.1.reverse();
+        }
+        assert!(rule(swapped_layer).contains("model.layers.1.mlp.experts.0.gate_proj.weight: a gate matrix of 64x128"));
+        let mut up_differs = good(1, 1);
+        up_differs[1].1 = vec![192, 64];
+        assert!(rule(up_differs).contains("up matrix of 192x64"));
+        let mut gap = good(1, 3);
+        gap.retain(|t| !t.0.contains(".experts.1."));
+        assert!(rule(gap).contains("layer 0 has no gate projection for expert(s) 1"));
+        let mut rank1 = good(1, 1);
+        rank1[0].1 = vec![128];
+        assert!(rule(rank1).contains("expected 2 non-zero dimensions"));
+        let mut zero = good(1, 1);
+        zero[0].1 = vec![0, 64];
+        assert!(rule(zero).contains("non-zero"));
+        let mut wrong_type = good(1, 1);
+        wrong_type[0].2 = Dtype::I32;
+        assert!(rule(wrong_type).contains("must be BF16, F16 or F32"));
+        let mut far_layer = good(1, 1);
+        far_layer[0].0 = hf(4_294_967_295, 0, "gate");
+        assert!(rule(far_layer).contains("is not a number from 0 to 4095"));
+        let mut dup = good(1, 1);
+        dup.push((hf(0, 0, "gate").replace(".0.gate", ".00.gate"), vec![128, 64], Dtype::BF16));
+        assert!(rule(dup).contains("expert index \"00\""));
+        assert!(rule(vec![]).contains("no routed experts"));
+    }
 }
