@@ -46,6 +46,12 @@ impl DigestStore {
         sha256_hex(crate::pyjson::dumps(&v, &crate::pyjson::Style::CANONICAL).as_bytes())
     }
 
+    /// The key of `source` (its files' paths and identities): part of the keys of view
+    /// digests that depend on the source's content ([`DigestStore::load_view`]).
+    pub fn source_key(source: &Source) -> String {
+        Self::key(&file_records(source))
+    }
+
     pub fn path_for(&self, source: &Source) -> Option<PathBuf> {
         Some(self.dir.as_ref()?.join(format!("{}.json", Self::key(&file_records(source)))))
     }
