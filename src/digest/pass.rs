@@ -176,7 +176,7 @@ mod tests {
         let bytes = std::fs::read(path).unwrap();
         let data_offset = source.gguf().unwrap().headers[0].data_offset as usize;
         assert_eq!(d.source_sha256, crate::util::sha256_hex(&bytes));
-        assert_eq!(d.files_sha256, [d.source_sha256.clone()]);
+        assert_eq!(d.files_sha256, std::slice::from_ref(&d.source_sha256));
         assert_eq!(d.files_header_sha256, [crate::util::sha256_hex(&bytes[..data_offset])]);
         assert_eq!(d.files_header_sha256[0], d.header_sha256);
         assert_eq!(super::super::header_sha256s(&source).unwrap(), d.files_header_sha256);
