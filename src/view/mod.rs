@@ -5,6 +5,7 @@ pub mod bf16_cache;
 pub mod cache;
 pub mod expert_pack;
 pub mod imatrix;
+pub mod kimi_pack;
 pub mod kt_int8;
 pub mod requant;
 pub mod tree;
