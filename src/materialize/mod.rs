@@ -169,7 +169,7 @@ fn write_derived(out: &Path, derived: &[(String, Arc<VirtualFile>)], opts: &Opti
 
 /// Check what was written: every file re-hashed against the digest taken while writing,
 /// then the digests the manifests declare.
-fn verify(out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
+fn verify(source: &Source, out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
     results.par_iter().try_for_each(|r| {
         let p = out.join(&r.name);
         let disk = hash_disk(&p)?;
@@ -178,7 +178,7 @@ fn verify(out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
         }
         Ok(())
     })?;
-    verify_manifests(out, results)
+    verify_manifests(source, out, results)
 }
 
 /// Write every file of `tree` under `out`. Returns the per-file results.
@@ -234,7 +234,7 @@ pub fn materialize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> 
     remove_leftovers(out);
     fsync_dir(out).map_err(io(out))?;
     if opts.verify {
-        verify(out, &results)?;
+        verify(source, out, &results)?;
     }
     Ok(results)
 }
@@ -258,18 +258,31 @@ fn remove_leftovers(out: &Path) {
 
 /// Check the digests the views' manifests declare against the written files: the expert
 /// pack's manifest and checkpoint, the BF16 cache manifest, every requantised shard's
-/// manifest (per-tensor ranges re-hashed from disk) and `.complete` marker, and an INT8
-/// tree by the INT8 validator with hash verification.
-fn verify_manifests(out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
+/// manifest (per-tensor ranges re-hashed from disk) and `.complete` marker, an INT8
+/// tree by the INT8 validator with hash verification, and a Kimi pack by
+/// `validate_ggml_moe_pack`'s checks with its full hash (and its manifest's `expert_pack`).
+fn verify_manifests(source: &Source, out: &Path, results: &[FileResult]) -> Result<(), MaterializeError> {
     let sha: std::collections::HashMap<&str, &str> = results.iter().map(|r| (r.name.as_str(), r.sha256.as_str())).collect();
     let refuse = |what: String| MaterializeError::Refused(format!("verify: {what}"));
     let read = |name: &str| -> Result<Value, MaterializeError> {
         let bytes = std::fs::read(out.join(name)).map_err(io(&out.join(name)))?;
         serde_json::from_slice(&bytes).map_err(|e| refuse(format!("{name} is not JSON: {e}")))
     };
+    let is_kimi_pack = |name: &str| -> bool {
+        let mut magic = [0u8; 16];
+        name.ends_with(".pack")
+            && std::fs::File::open(out.join(name)).is_ok_and(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut magic, 0).is_ok())
+            && &magic == crate::view::kimi_pack::format::MAGIC
+    };
     for r in results {
         let name = r.name.as_str();
-        if let Some(pack) = name.strip_suffix(".manifest.json").filter(|p| p.ends_with(".pack")) {
+        if is_kimi_pack(name) {
+            let manifest_name = format!("{name}.manifest.json");
+            let manifest = if sha.contains_key(manifest_name.as_str()) { Some(read(&manifest_name)?) } else { None };
+            crate::view::kimi_pack::validate::verify_written(&out.join(name), source, &r.sha256, manifest.as_ref()).map_err(refuse)?;
+        } else if name.strip_suffix(".manifest.json").is_some_and(is_kimi_pack) {
+            // Checked with its pack.
+        } else if let Some(pack) = name.strip_suffix(".manifest.json").filter(|p| p.ends_with(".pack")) {
             if read(name)?["pack_sha256"].as_str() != sha.get(pack).copied() {
                 return Err(refuse(format!("{pack} does not match pack_sha256 in {name}")));
             }

@@ -356,7 +356,7 @@ pub fn finalize(source: &Source, tree: &Tree, out: &Path, opts: &Options) -> Res
     super::remove_leftovers(out);
     fsync_dir(out).map_err(io(out))?;
     if opts.verify {
-        super::verify(out, &results)?;
+        super::verify(source, out, &results)?;
     }
     Ok(results)
 }

@@ -34,6 +34,16 @@ pub fn build_tree_with_cache(source: &Source, opts: &MountOptions, cache: Arc<cr
     };
     match view {
         "expert-pack" => expert_pack::build(source, &store, &opts.pack),
+        "kimi-pack" => {
+            // The pack's name and where it is seen are the options every pack view shares.
+            let kimi = crate::view::kimi_pack::KimiOptions {
+                name: opts.pack.name.clone(),
+                pack_dir: opts.pack.pack_dir.clone(),
+                materialize: opts.pack.materialize,
+                ..opts.kimi.clone()
+            };
+            crate::view::kimi_pack::build(source, &store, &kimi)
+        }
         "bf16-cache" => crate::view::bf16_cache::build(source, &store, cache),
         "requant" => crate::view::requant::build(source, &store, cache, &opts.recipe),
         "kt-int8" => crate::view::kt_int8::build(source, &store, cache, opts.numa_count),

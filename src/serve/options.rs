@@ -7,10 +7,17 @@
 use std::path::PathBuf;
 
 use crate::view::expert_pack::PackOptions;
+use crate::view::kimi_pack::{KimiOptions, ModelCheck};
 
 /// (key, takes a value, help). The single list from which `-o` parsing and the help text come.
 pub const OPTIONS: &[(&str, bool, &str)] = &[
-    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, bf16-cache, requant, kt-int8"),
+    ("view", true, "view to serve: auto (default: expert-pack for GGUF, bf16-cache for safetensors), expert-pack, kimi-pack, bf16-cache, requant, kt-int8"),
+    ("model_config", true, "kimi-pack: the model's config.json; with tokenizer_dir, the adapter manifest is served"),
+    ("tokenizer_dir", true, "kimi-pack: the tokenizer directory the adapter manifest lists"),
+    ("model_check", true, "kimi-pack: audited (default: only the audited Kimi K3 dimensions, as SGLang) or layout (any model of the same layout)"),
+    ("payload_samples", true, "kimi-pack: sampled entries the manifest reports as verified (default 6, as SGLang)"),
+    ("full_source_hashes", false, "kimi-pack: per-shard sha256 in the manifest (one pass over the source, remembered)"),
+    ("full_pack_hash", false, "kimi-pack: the pack's sha256 in the manifest (the pack hashed once, remembered)"),
     ("imatrix", true, "requant: llama.cpp importance matrix (GGUF or legacy imatrix.dat) instead of unit importance"),
     ("w1", true, "requant: ggml type for gate (w1) experts: IQ2_XXS (default), Q2_K, Q8_0"),
     ("w2", true, "requant: ggml type for down (w2) experts: Q2_K (default), IQ2_XXS, Q8_0"),
@@ -64,6 +71,7 @@ pub struct MountOptions {
     pub stats: Option<bool>,
     pub passthrough: bool,
     pub pack: PackOptions,
+    pub kimi: KimiOptions,
     pub digest_store: Option<String>,
     pub threads: usize,
     pub clone_fd: bool,
@@ -92,6 +100,7 @@ impl Default for MountOptions {
             stats: None,
             passthrough: true,
             pack: PackOptions::default(),
+            kimi: KimiOptions::default(),
             digest_store: None,
             threads: default_threads(),
             clone_fd: true,
@@ -143,12 +152,20 @@ impl MountOptions {
         let p = &mut self.pack;
         match key {
             "view" => {
-                if !["auto", "expert-pack", "bf16-cache", "requant", "kt-int8"].contains(&v) {
-                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, bf16-cache, requant, kt-int8"));
+                if !["auto", "expert-pack", "kimi-pack", "bf16-cache", "requant", "kt-int8"].contains(&v) {
+                    return Err(format!("option view: unknown view {v:?}; available: auto, expert-pack, kimi-pack, bf16-cache, requant, kt-int8"));
                 }
                 self.view = v.into()
             }
             "imatrix" => self.recipe.imatrix = Some(v.into()),
+            "model_config" => self.kimi.model_config = Some(v.into()),
+            "tokenizer_dir" => self.kimi.tokenizer_dir = Some(v.into()),
+            "model_check" => {
+                self.kimi.model_check = ModelCheck::parse(v).ok_or_else(|| format!("option model_check: {v:?} is not audited or layout"))?
+            }
+            "payload_samples" => self.kimi.payload_samples = num(key, v)?,
+            "full_source_hashes" => self.kimi.full_source_hashes = true,
+            "full_pack_hash" => self.kimi.full_pack_hash = true,
             "w1" | "w2" | "w3" => {
                 let q = crate::codec::QuantType::from_name(v).ok_or_else(|| format!("option {key}: {v:?} is not one of IQ2_XXS, Q2_K, Q8_0"))?;
                 match key {
@@ -305,5 +322,17 @@ mod tests {
         assert!(o.apply_list("top_k").unwrap_err().contains("needs a value"));
         assert!(o.apply_list("source_sha256=abc").unwrap_err().contains("64 hex"));
         assert!(o.apply_list("name=../x").unwrap_err().contains("plain file name"));
+        assert!(o.apply_list("model_check=strict").unwrap_err().contains("audited or layout"));
+        assert!(o.apply_list("payload_samples=-1").unwrap_err().contains("not a valid number"));
+    }
+
+    #[test]
+    fn kimi_options() {
+        let mut o = MountOptions::default();
+        o.apply_list("view=kimi-pack,model_config=/m/config.json,tokenizer_dir=/m,model_check=layout,payload_samples=3,full_pack_hash").unwrap();
+        assert_eq!(o.view, "kimi-pack");
+        let k = &o.kimi;
+        assert_eq!((k.model_config.as_deref(), k.tokenizer_dir.as_deref()), (Some("/m/config.json".as_ref()), Some("/m".as_ref())));
+        assert_eq!((k.model_check, k.payload_samples, k.full_source_hashes, k.full_pack_hash), (ModelCheck::Layout, 3, false, true));
     }
 }
