@@ -326,6 +326,23 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
     assert!(std::fs::read(&pack).unwrap() == std::fs::read(&written).unwrap());
     assert_manifest_is_sglangs(&dir, &pack, &manifest, &["--relax-audit", "--full-source-hashes", "--full-pack-hash"]);
 
+    // Partitioned: two parts and --finalize --verify give the same files.
+    let parts_out = tmp.path().join("parts");
+    let store = tempfile::tempdir().unwrap();
+    let popts = kimi_opts(&dir, &["model_check=layout", "full_source_hashes", "full_pack_hash", &format!("digest_store={}", store.path().display())]).join(",");
+    for part in ["0/2", "1/2"] {
+        run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&parts_out).args(["--margin-gib", "0", "--piece-size", "256K", "--partition", part, "-o", &popts]));
+    }
+    run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&parts_out).args(["--margin-gib", "0", "--finalize", "--verify", "-o", &popts]));
+    assert_eq!(tree_files(&parts_out), tree_files(&out));
+    assert!(std::fs::read(parts_out.join("Kimi-K3-fixture.expert-major.pack")).unwrap() == std::fs::read(&pack).unwrap());
+    let mut a = load(&parts_out.join("Kimi-K3-fixture.expert-major.pack.manifest.json"));
+    let mut b = load(&manifest);
+    for v in [&mut a, &mut b] {
+        v["expert_pack"].as_object_mut().unwrap().remove("path");
+    }
+    assert_eq!(a, b);
+
     // The verifier fails where validate_ggml_moe_pack does, and on a full-hash mismatch.
     let good = std::fs::read(&pack).unwrap();
     let source = xpackfs::source::Source::open(&shards(&dir)[0]).unwrap();
