@@ -4,10 +4,10 @@
 //! the source's sha256, its index every slice's sha256). Hashing a 150 GB source takes
 //! minutes, so digests are computed once, in one sequential pass that feeds every hasher
 //! (whole source, each file of a split set, header regions, each tensor, each expert
-//! slice) from the same buffers,
-//! and then remembered in a store keyed by the source files' identity (device, inode,
-//! size, mtime, ctime). A later mount of an unchanged source finds them there and reads
-//! nothing but headers. Any change to a file changes its identity and so misses the store.
+//! slice) from the same buffers, and then remembered in a store keyed by the source
+//! files' identity (device, inode, size, mtime, ctime). A later mount of an unchanged
+//! source finds them there and reads nothing but headers. Any change to a file changes
+//! its identity and so misses the store.
 //!
 //! Store layout: one JSON file per source, `<store>/<key>.json`, where key is the sha256
 //! of the canonical JSON of the files' paths and identities. Written atomically.
