@@ -28,7 +28,7 @@ fn dump(source: &Path, opts: &[&str], location: &Path, out: &Path, store: &Path)
     };
     let ctx = Context::new(Purpose::Mount, location.to_path_buf(), "views-test".into(), &opts);
     let input = Input::open(source).unwrap();
-    let built = view::build(&input, &opts, &ctx).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+    let built = view::build(input, &opts, &ctx).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
     for (name, f) in built.tree.files() {
         let path = out.join(&name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

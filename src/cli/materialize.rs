@@ -100,7 +100,7 @@ pub fn run(a: MaterializeArgs) -> i32 {
         let command = if a.finalize { partition::recorded_command(&out).map_err(|e| e.to_string())? } else { recorded_command() };
         let ctx = Context::new(Purpose::Materialize, out.clone(), command.clone(), &a.options.view);
         let input = Input::open(&a.source).map_err(|e| e.to_string())?;
-        let built = view::build(&input, &a.options.view, &ctx).map_err(|e| e.to_string())?;
+        let built = view::build(input, &a.options.view, &ctx).map_err(|e| e.to_string())?;
         let mopts = materialize::Options {
             replace: a.replace,
             resume: a.resume,

@@ -49,5 +49,5 @@ pub fn run(a: MountArgs) -> i32 {
 
 fn build(source: &Path, opts: &view::ViewOptions, ctx: &Context) -> Result<view::Built, String> {
     let input = Input::open(source).map_err(|e| e.to_string())?;
-    view::build(&input, opts, ctx).map_err(|e| e.to_string())
+    view::build(input, opts, ctx).map_err(|e| e.to_string())
 }

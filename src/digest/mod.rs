@@ -3,10 +3,11 @@
 //! Some views carry content digests *inside* their bytes (the expert pack's header holds
 //! the source's sha256, its index every slice's sha256). Hashing a 150 GB source takes
 //! minutes, so digests are computed once, in one sequential pass that feeds every hasher
-//! (whole source, header region, each tensor, each expert slice) from the same buffers,
-//! and then remembered in a store keyed by the source files' identity (device, inode,
-//! size, mtime, ctime). A later mount of an unchanged source finds them there and reads
-//! nothing but headers. Any change to a file changes its identity and so misses the store.
+//! (whole source, each file of a split set, header regions, each tensor, each expert
+//! slice) from the same buffers, and then remembered in a store keyed by the source
+//! files' identity (device, inode, size, mtime, ctime). A later mount of an unchanged
+//! source finds them there and reads nothing but headers. Any change to a file changes
+//! its identity and so misses the store.
 //!
 //! Store layout: one JSON file per source, `<store>/<key>.json`, where key is the sha256
 //! of the canonical JSON of the files' paths and identities. Written atomically.
@@ -59,6 +60,13 @@ pub struct SourceDigests {
     pub files: Vec<FileRecord>,
     /// sha256 of the source (of the concatenated files, for a split set).
     pub source_sha256: String,
+    /// sha256 of each file, in order (of a single file: the source sha256). Empty in entries
+    /// stored before these were kept; see [`obtain_per_file`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_sha256: Vec<String>,
+    /// sha256 of each file's header region `[0, data_offset)`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_header_sha256: Vec<String>,
     /// sha256 of each file's header region `[0, data_offset)`, concatenated.
     pub header_sha256: String,
     pub tensors: BTreeMap<String, TensorDigest>,
@@ -87,7 +95,44 @@ pub(crate) fn covers(d: &SourceDigests, source: &Source) -> bool {
 /// Digests for a source: from the store when it has them, else computed (and stored).
 /// When `expected_source_sha256` is given, the digests must agree with it.
 pub fn obtain(source: &Source, store: &DigestStore, expected_source_sha256: Option<&str>) -> Result<SourceDigests, DigestError> {
-    let digests = match store.load(source) {
+    obtain_where(source, store, expected_source_sha256, |_| true)
+}
+
+/// [`obtain`], with the per-file digests (`files_sha256`, `files_header_sha256`) present:
+/// a stored entry from before they were kept is computed again, once.
+pub fn obtain_per_file(source: &Source, store: &DigestStore, expected_source_sha256: Option<&str>) -> Result<SourceDigests, DigestError> {
+    let n = source.files.len();
+    obtain_where(source, store, expected_source_sha256, |d| d.files_sha256.len() == n && d.files_header_sha256.len() == n)
+}
+
+/// sha256 of each file's header region `[0, data_offset)` (GGUF sources; empty regions for
+/// others), read now: a few MB, for views that need no other digest of the source.
+pub fn header_sha256s(source: &Source) -> Result<Vec<String>, SourceError> {
+    use sha2::{Digest, Sha256};
+    let mut out = Vec::with_capacity(source.files.len());
+    for (i, f) in source.files.iter().enumerate() {
+        let end = source.gguf().map_or(0, |m| m.headers[i].data_offset).min(f.size());
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; (end.min(8 << 20)) as usize];
+        let mut off = 0u64;
+        while off < end {
+            let n = (end - off).min(buf.len() as u64) as usize;
+            f.read_exact_at(&mut buf[..n], off)?;
+            h.update(&buf[..n]);
+            off += n as u64;
+        }
+        out.push(hex(&h.finalize()));
+    }
+    Ok(out)
+}
+
+fn obtain_where(
+    source: &Source,
+    store: &DigestStore,
+    expected_source_sha256: Option<&str>,
+    complete: impl Fn(&SourceDigests) -> bool,
+) -> Result<SourceDigests, DigestError> {
+    let digests = match store.load(source).filter(|d| complete(d)) {
         Some(d) => {
             tracing::info!("source digests from the store ({})", store.path_for(source).unwrap().display());
             d

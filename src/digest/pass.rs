@@ -1,5 +1,5 @@
 //! The one sequential pass over a source that feeds every hasher from the same buffers:
-//! whole source, header region, each tensor, each expert slice.
+//! whole source, each file of a split set, header regions, each tensor, each expert slice.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -53,6 +53,9 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
 
     let mut whole = Sha256::new();
     let mut header = Sha256::new();
+    let split = source.files.len() > 1;
+    let mut file_whole: Vec<Sha256> = (0..source.files.len()).map(|_| Sha256::new()).collect();
+    let mut file_header: Vec<Sha256> = (0..source.files.len()).map(|_| Sha256::new()).collect();
     let mut done_bytes = 0u64;
     let mut last_log = Instant::now();
     let files = source.files.clone();
@@ -80,11 +83,19 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
         let regions = &mut per_file[fi];
         let cur = &mut cursor[fi];
         let header_end = data_offsets[fi].min(end);
+        let (fw, fh) = (&mut file_whole[fi], &mut file_header[fi]);
         rayon::join(
-            || whole.update(&buf[..]),
+            || {
+                whole.update(&buf[..]);
+                // A split set's files are hashed one by one too (a single file's digest is the source's).
+                if split {
+                    fw.update(&buf[..]);
+                }
+            },
             || {
                 if off < header_end {
                     header.update(&buf[..(header_end - off) as usize]);
+                    fh.update(&buf[..(header_end - off) as usize]);
                 }
                 while *cur < regions.len() && regions[*cur].end <= off && regions[*cur].end > regions[*cur].start {
                     *cur += 1;
@@ -137,13 +148,36 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
     for f in &source.files {
         f.check_unchanged()?;
     }
+    let source_sha256 = hex(&whole.finalize());
+    let files_sha256 = if split { file_whole.into_iter().map(|h| hex(&h.finalize())).collect() } else { vec![source_sha256.clone()] };
     Ok(SourceDigests {
         format: STORE_FORMAT.into(),
         files: file_records(source),
-        source_sha256: hex(&whole.finalize()),
+        files_sha256,
+        files_header_sha256: file_header.into_iter().map(|h| hex(&h.finalize())).collect(),
+        source_sha256,
         header_sha256: hex(&header.finalize()),
         tensors,
         computed_at: now_iso(),
         elapsed_s: started.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_file_digests_of_a_single_file_are_the_sources() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/samples/sample-moe.gguf");
+        let source = Source::open(std::path::Path::new(path)).unwrap();
+        let d = compute(&source).unwrap();
+        let bytes = std::fs::read(path).unwrap();
+        let data_offset = source.gguf().unwrap().headers[0].data_offset as usize;
+        assert_eq!(d.source_sha256, crate::util::sha256_hex(&bytes));
+        assert_eq!(d.files_sha256, std::slice::from_ref(&d.source_sha256));
+        assert_eq!(d.files_header_sha256, [crate::util::sha256_hex(&bytes[..data_offset])]);
+        assert_eq!(d.files_header_sha256[0], d.header_sha256);
+        assert_eq!(super::super::header_sha256s(&source).unwrap(), d.files_header_sha256);
+    }
 }

@@ -180,7 +180,7 @@ fn verify(built: &Built, out: &Path, results: &[FileResult]) -> Result<(), Mater
         Ok(())
     })?;
     let written: std::collections::HashMap<String, String> = results.iter().map(|r| (r.name.clone(), r.sha256.clone())).collect();
-    built.view.verify(out, &written).map_err(|e| MaterializeError::Refused(e.to_string()))
+    built.view.verify(built, out, &written).map_err(|e| MaterializeError::Refused(e.to_string()))
 }
 
 /// Write every file of the view under `out`. Returns the per-file results.

@@ -10,7 +10,9 @@
 //! version 2 or 3, tensor names shorter than 64 bytes and unique, 1..=4 dimensions,
 //! known types, the first dimension a whole number of blocks, byte sizes that do not
 //! overflow, offsets aligned to `general.alignment`; plus what a filesystem needs: every
-//! tensor inside the file and no two tensors overlapping.
+//! tensor inside the file and no two tensors overlapping; the parts of a split set name
+//! themselves consistently (`split.no`, `split.count`, and `split.tensors.count` and
+//! `general.architecture` where stated).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -148,6 +150,9 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
         let (header, file_tensors) = parse_file(&file, index, logical_base, limits)?;
         if paths.len() > 1 {
             check_split_keys(p, &header, index as u64, paths.len() as u64)?;
+            if let Some(first) = headers.first() {
+                check_same_set(p, &paths[0], first, &header)?;
+            }
         }
         for t in file_tensors {
             if !names.insert(t.name.clone()) {
@@ -204,6 +209,30 @@ fn check_split_keys(path: &Path, header: &GgufFileHeader, index: u64, count: u64
             format!("split keys say split.no={no:?} split.count={c:?}, expected {index} of {count} from the file name"),
         )),
     }
+}
+
+/// A part of a split set must describe the same set as the first part: where both state
+/// `split.tensors.count` or `general.architecture`, they agree (a part from another set,
+/// with the same file name pattern, is named here rather than as a tensor-count mismatch).
+fn check_same_set(path: &Path, first_path: &Path, first: &GgufFileHeader, header: &GgufFileHeader) -> Result<(), SourceError> {
+    let differ = |key: &str| -> Option<(String, String)> {
+        let (a, b) = (first.metadata.get(key)?, header.metadata.get(key)?);
+        let same = match (a.as_u64(), b.as_u64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => a == b,
+        };
+        let show = |v: &MetaValue| v.as_str().map(|s| format!("{s:?}")).or_else(|| v.as_u64().map(|n| n.to_string())).unwrap_or_else(|| format!("{v:?}"));
+        (!same).then(|| (show(a), show(b)))
+    };
+    for key in ["split.tensors.count", "general.architecture"] {
+        if let Some((a, b)) = differ(key) {
+            return Err(SourceError::format(
+                path,
+                format!("{key} is {b} but {} says {a}: a part of another split set?", first_path.display()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Buffered header cursor: pread on demand, bounded by the cap and the file size.
@@ -577,6 +606,31 @@ mod tests {
         let limits = Limits { max_header_bytes: 1000, ..Limits::default() };
         let e = open_with_limits(&p, &limits).unwrap_err().to_string();
         assert!(e.contains("header exceeds the 1000 byte cap"), "{e}");
+    }
+
+    #[test]
+    fn parts_of_one_set_agree() {
+        let header = |count: MetaValue, arch: &str| GgufFileHeader {
+            version: 3,
+            alignment: 32,
+            data_offset: 0,
+            tensor_count: 0,
+            metadata: BTreeMap::from([
+                ("split.tensors.count".to_string(), count),
+                ("general.architecture".to_string(), MetaValue::Str(arch.into())),
+            ]),
+        };
+        let (a, b) = (Path::new("m-00001-of-00002.gguf"), Path::new("m-00002-of-00002.gguf"));
+        let first = header(MetaValue::I32(7), "kimi-k3");
+        check_same_set(b, a, &first, &header(MetaValue::U64(7), "kimi-k3")).unwrap();
+        let e = check_same_set(b, a, &first, &header(MetaValue::I32(9), "kimi-k3")).unwrap_err().to_string();
+        assert!(e.starts_with("m-00002-of-00002.gguf: split.tensors.count is 9 but m-00001-of-00002.gguf says 7"), "{e}");
+        let e = check_same_set(b, a, &first, &header(MetaValue::I32(7), "deepseek2")).unwrap_err().to_string();
+        assert!(e.contains("general.architecture is \"deepseek2\" but m-00001-of-00002.gguf says \"kimi-k3\""), "{e}");
+        // A key only one part states is not compared.
+        let mut bare = header(MetaValue::I32(7), "kimi-k3");
+        bare.metadata.remove("general.architecture");
+        check_same_set(b, a, &first, &bare).unwrap();
     }
 
     #[test]

@@ -421,7 +421,7 @@ impl super::View for Bf16CacheView {
     fn build(&self, input: &super::Input, _opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
         build(input.source(VIEW)?, ctx)
     }
-    fn verify(&self, out: &std::path::Path, written: &HashMap<String, String>) -> Result<(), ViewError> {
+    fn verify(&self, _built: &crate::view::Built, out: &std::path::Path, written: &HashMap<String, String>) -> Result<(), ViewError> {
         let Some(_) = written.get(MANIFEST_NAME) else { return Ok(()) };
         for f in super::derived::read_json(out, MANIFEST_NAME)?["files"].as_array().into_iter().flatten() {
             let file = f["name"].as_str().unwrap_or("");

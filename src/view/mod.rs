@@ -12,6 +12,7 @@ pub mod cache;
 pub mod derived;
 pub mod expert_pack;
 pub mod imatrix;
+pub mod kimi_pack;
 pub mod kt_int8;
 pub mod registry;
 pub mod requant;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::cache::ChunkCache;
-use super::{bf16_cache, expert_pack, kt_int8, requant, Tree, ViewError};
+use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tree, ViewError};
 use crate::digest::DigestStore;
 use crate::source::{Source, SourceFile};
 use crate::util::args::{int_in, plain_file_name};
@@ -21,6 +21,7 @@ use crate::util::args::{int_in, plain_file_name};
 pub static VIEWS: &[&dyn View] = &[
     &kt_int8::tree::Int8TreeView,
     &expert_pack::ExpertPackView,
+    &kimi_pack::KimiPackView,
     &bf16_cache::Bf16CacheView,
     &requant::RequantView,
     &kt_int8::KtInt8View,
@@ -41,7 +42,7 @@ pub trait View: Sync {
     /// `materialize --verify`, after every written file was re-hashed from disk and found equal
     /// to what was written: check the digests the view's manifests declare. `written` maps
     /// each file's path to its sha256.
-    fn verify(&self, _out: &Path, _written: &HashMap<String, String>) -> Result<(), ViewError> {
+    fn verify(&self, _built: &Built, _out: &Path, _written: &HashMap<String, String>) -> Result<(), ViewError> {
         Ok(())
     }
     /// Whether the root must hold nothing but the view's files (no `/.xpackfs` status
@@ -71,6 +72,8 @@ pub struct ViewOptions {
     pub name: Option<String>,
     #[command(flatten)]
     pub pack: expert_pack::Options,
+    #[command(flatten)]
+    pub kimi: kimi_pack::Options,
     #[command(flatten)]
     pub requant: requant::Options,
     #[command(flatten)]
@@ -157,10 +160,12 @@ impl Context {
     }
 }
 
-/// A built view: its files, which view it is, and the source files it reads.
+/// A built view: its files, which view it is, what it was built from, and the source files
+/// it reads.
 pub struct Built {
     pub tree: Tree,
     pub view: &'static dyn View,
+    pub input: Input,
     /// The source files whose identity the view's bytes depend on.
     pub sources: Vec<Arc<SourceFile>>,
 }
@@ -184,15 +189,15 @@ pub fn resolve(name: &str, input: &Input) -> Result<&'static dyn View, ViewError
 }
 
 /// Build the view `opts.view` of `input`. A panic in a builder (a bug) becomes an error.
-pub fn build(input: &Input, opts: &ViewOptions, ctx: &Context) -> Result<Built, ViewError> {
-    let view = resolve(&opts.view, input)?;
-    let tree = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| view.build(input, opts, ctx)))
+pub fn build(input: Input, opts: &ViewOptions, ctx: &Context) -> Result<Built, ViewError> {
+    let view = resolve(&opts.view, &input)?;
+    let tree = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| view.build(&input, opts, ctx)))
         .unwrap_or_else(|_| Err(ViewError::Internal(format!("building the {} view failed (a bug: it panicked)", view.name()))))?;
-    let sources = match input {
+    let sources = match &input {
         Input::Checkpoint(s) => s.files.clone(),
         Input::Int8Tree(_) => tree.vfiles().filter_map(|f| f.whole_source().cloned()).collect(),
     };
-    Ok(Built { tree, view, sources })
+    Ok(Built { tree, view, input, sources })
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl super::View for RequantView {
     fn build(&self, input: &super::Input, opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
         build(input.source(VIEW)?, &opts.requant, ctx)
     }
-    fn verify(&self, out: &std::path::Path, written: &HashMap<String, String>) -> Result<(), ViewError> {
+    fn verify(&self, _built: &crate::view::Built, out: &std::path::Path, written: &HashMap<String, String>) -> Result<(), ViewError> {
         for name in written.keys() {
             if let Some(shard) = name.strip_suffix(".manifest.json") {
                 let m = super::derived::read_json(out, name)?;

@@ -93,7 +93,7 @@ impl super::View for ExpertPackView {
     fn build(&self, input: &super::Input, opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
         build(input.source(VIEW)?, opts, ctx)
     }
-    fn verify(&self, out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+    fn verify(&self, _built: &crate::view::Built, out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
         verify(out, written)
     }
 }

@@ -409,7 +409,7 @@ impl super::View for KtInt8View {
     fn build(&self, input: &super::Input, opts: &super::ViewOptions, ctx: &super::Context) -> Result<Tree, ViewError> {
         build(input.source(VIEW)?, opts.kt_int8.numa_count as usize, ctx)
     }
-    fn verify(&self, out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+    fn verify(&self, _built: &crate::view::Built, out: &std::path::Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
         verify_written_tree(out, written)
     }
     fn exclusive_root(&self) -> bool {

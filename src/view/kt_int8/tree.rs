@@ -42,7 +42,7 @@ impl crate::view::View for Int8TreeView {
             crate::view::Input::Checkpoint(_) => Err(ViewError::layout("int8-tree", "the source is a checkpoint, not an INT8 tree (no kt-weight-manifest.json)")),
         }
     }
-    fn verify(&self, out: &Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
+    fn verify(&self, _built: &crate::view::Built, out: &Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {
         super::verify_written_tree(out, written)
     }
     fn exclusive_root(&self) -> bool {
