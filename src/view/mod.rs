@@ -3,6 +3,7 @@
 
 pub mod bf16_cache;
 pub mod cache;
+pub mod compute;
 pub mod disk_cache;
 pub mod expert_pack;
 pub mod imatrix;
