@@ -358,6 +358,9 @@ pub struct Group {
     /// (memory key, disk key) of each part, in the job's output order.
     pub parts: Vec<(cache::Key, DiskKey)>,
     pub job: Job<ViewError>,
+    /// Kept on disk too (off for chunks that are source bytes served after a check: the
+    /// source is their durable copy).
+    pub persist: bool,
 }
 
 impl std::fmt::Debug for Group {
@@ -369,12 +372,18 @@ impl std::fmt::Debug for Group {
 impl Group {
     /// One chunk computed by `compute`.
     pub fn single<V: Into<Arc<[u8]>>>(mem: cache::Key, disk: DiskKey, compute: impl Fn() -> Result<V, ViewError> + Send + Sync + 'static) -> Group {
-        Group { key: disk, parts: vec![(mem, disk)], job: Arc::new(move || Ok(Arc::from([compute()?.into()]))) }
+        Group { key: disk, parts: vec![(mem, disk)], job: Arc::new(move || Ok(Arc::from([compute()?.into()]))), persist: true }
     }
 
     /// Sibling chunks computed together by `compute` (its output in `parts` order).
     pub fn siblings(key: DiskKey, parts: Vec<(cache::Key, DiskKey)>, compute: impl Fn() -> Result<Vec<Arc<[u8]>>, ViewError> + Send + Sync + 'static) -> Group {
-        Group { key, parts, job: Arc::new(move || Ok(Arc::from(compute()?))) }
+        Group { key, parts, job: Arc::new(move || Ok(Arc::from(compute()?))), persist: true }
+    }
+
+    /// Kept in memory only.
+    pub fn memory_only(mut self) -> Group {
+        self.persist = false;
+        self
     }
 }
 
@@ -463,8 +472,12 @@ impl Tiers {
         Ok(bytes)
     }
 
+    fn disk(&self, group: &Group) -> Option<&Arc<DiskCache>> {
+        self.disk.as_ref().filter(|_| group.persist)
+    }
+
     fn load(&self, group: &Arc<Group>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<Arc<[u8]>, ViewError> {
-        if let Some(bytes) = self.disk.as_ref().and_then(|d| d.get(&disk_key)) {
+        if let Some(bytes) = self.disk(group).and_then(|d| d.get(&disk_key)) {
             return Ok(bytes);
         }
         let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group))).map_err(unshare)?;
@@ -473,7 +486,7 @@ impl Tiers {
 
     /// Every part into memory, then onto disk.
     fn write_behind(&self, group: &Arc<Group>) -> After {
-        let (mem, disk, group) = (self.mem.clone(), self.disk.clone(), group.clone());
+        let (mem, disk, group) = (self.mem.clone(), self.disk(group).cloned(), group.clone());
         Box::new(move |parts: &Parts, _read_joined| {
             if parts.len() != group.parts.len() {
                 tracing::error!("{group:?}: its job computed {} parts; not cached", parts.len());
@@ -504,6 +517,9 @@ impl Tiers {
     /// Make sure every part of `group` is on disk (`lens`: their lengths, for the cheap
     /// presence check that makes warming resumable), computing it at `prio` if not.
     pub fn warm(&self, group: &Arc<Group>, lens: &[u64], prio: Priority) -> Result<Warmed, ViewError> {
+        if !group.persist {
+            return Ok(Warmed::Present); // its bytes are the source's
+        }
         let disk = self.disk.as_ref().ok_or_else(|| ViewError::Option { option: "disk_cache", rule: "warming needs a disk cache".into() })?;
         if lens.len() == group.parts.len() && group.parts.iter().zip(lens).all(|((_, d), len)| disk.contains(d, *len)) {
             return Ok(Warmed::Present);
@@ -898,6 +914,27 @@ mod tests {
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
         assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read), Err(ViewError::Option { option: "disk_cache", .. })));
         assert_eq!(&*memory_only.get(&groups[0], 0, Priority::Read).unwrap(), &expect(0)[..]);
+    }
+
+    #[test]
+    fn memory_only_groups_never_touch_the_disk() {
+        let fx = Fixture::new();
+        let t = fx.tiers();
+        let calls = fx.calls.clone();
+        let g = Arc::new(
+            Group::single((3, 3), key(3), move || {
+                calls.fetch_add(1, Relaxed);
+                Ok(vec![5u8; 64])
+            })
+            .memory_only(),
+        );
+        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[5u8; 64][..]);
+        assert_eq!(t.warm(&g, &[64], Priority::Read).unwrap(), Warmed::Present);
+        settle(&t.pool);
+        let d = t.disk.as_ref().unwrap().snapshot();
+        assert_eq!((d.writes, d.misses, d.size_bytes), (0, 0, 0));
+        assert_eq!(t.mem.stats.bytes_computed.load(Relaxed), 64);
+        assert_eq!(fx.calls.load(Relaxed), 1);
     }
 
     #[test]

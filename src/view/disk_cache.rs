@@ -14,7 +14,7 @@
 //!   are not fsynced (optional): a power loss can leave a renamed entry with missing data,
 //!   which the checksum then rejects.
 //! - **Bounded.** The total size of entries (header included) is kept under a byte
-//!   budget. A shared counter (`usage`, 8 bytes under `flock`) is raised before each write;
+//!   budget (plus, for a moment, the entries other writers are renaming in). A shared counter (`usage`, 8 bytes under `flock`) is raised before each write;
 //!   a writer that finds it over the budget evicts, under an exclusive `flock` of
 //!   `evict.lock` (so one process at a time), the least recently used entries (mtime,
 //!   refreshed on hits at most once per `touch_interval`) down to `low_water` of the
@@ -123,6 +123,14 @@ impl ProducerKey {
         h.update(self.0);
         h.update(b"chunk");
         h.update(id.to_le_bytes());
+        DiskKey(h.finalize().into())
+    }
+
+    /// The key of a job that computes several of this producer's chunks at once.
+    pub fn group(&self) -> DiskKey {
+        let mut h = Sha256::new();
+        h.update(self.0);
+        h.update(b"group");
         DiskKey(h.finalize().into())
     }
 }
@@ -760,6 +768,7 @@ mod tests {
         let ids: std::collections::HashSet<DiskKey> = (0..1000).map(|i| p.chunk(i)).collect();
         assert_eq!(ids.len(), 1000);
         assert_ne!(p.chunk(0), base().field("x", "").producer().chunk(0));
+        assert!(!ids.contains(&p.group()));
     }
 
     #[test]
