@@ -9,7 +9,9 @@
 
 pub mod bf16_cache;
 pub mod cache;
+pub mod compute;
 pub mod derived;
+pub mod disk_cache;
 pub mod expert_pack;
 pub mod imatrix;
 pub mod kimi_pack;
