@@ -26,7 +26,7 @@ fn dump(source: &Path, opts: &[&str], location: &Path, out: &Path, store: &Path)
         let m = ViewOptions::augment_args(clap::Command::new("t")).try_get_matches_from(args).unwrap();
         ViewOptions::from_arg_matches(&m).unwrap()
     };
-    let ctx = Context::new(Purpose::Mount, location.to_path_buf(), "views-test".into(), &opts);
+    let ctx = Context::new(Purpose::Mount, location.to_path_buf(), "views-test".into(), &opts).unwrap();
     let input = Input::open(source).unwrap();
     let built = view::build(input, &opts, &ctx).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
     for (name, f) in built.tree.files() {

@@ -94,11 +94,11 @@ pub fn run(a: MaterializeArgs) -> i32 {
     }
     let out = std::fs::canonicalize(&a.out).unwrap_or_else(|_| a.out.clone());
     let started = std::time::Instant::now();
-    let result = (|| -> Result<Vec<materialize::FileResult>, String> {
+    let result = (|| -> Result<(Vec<materialize::FileResult>, std::sync::Arc<crate::view::compute::Tiers>), String> {
         // The command recorded in manifests is the same for a single run and for every part
         // of a partitioned one: the argv without `--partition`, as the parts recorded it.
         let command = if a.finalize { partition::recorded_command(&out).map_err(|e| e.to_string())? } else { recorded_command() };
-        let ctx = Context::new(Purpose::Materialize, out.clone(), command.clone(), &a.options.view);
+        let ctx = Context::new(Purpose::Materialize, out.clone(), command.clone(), &a.options.view).map_err(|e| e.to_string())?;
         let input = Input::open(&a.source).map_err(|e| e.to_string())?;
         let built = view::build(input, &a.options.view, &ctx).map_err(|e| e.to_string())?;
         let mopts = materialize::Options {
@@ -109,16 +109,24 @@ pub fn run(a: MaterializeArgs) -> i32 {
             chunk: a.chunk_kib << 10,
             progress: materialize::stderr_is_terminal() && !a.json,
         };
-        match (a.partition, a.finalize) {
+        let files = match (a.partition, a.finalize) {
             (Some(p), _) => partition::run_partition(&built, &out, p, a.piece_size, &command, &mopts),
             (None, true) => partition::finalize(&built, &out, &mopts),
             (None, false) => materialize::materialize(&built, &out, &mopts),
         }
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        Ok((files, ctx.tiers.clone()))
     })();
     match result {
-        Ok(files) => {
-            let summary = materialize::summary(&files, started.elapsed().as_secs_f64());
+        Ok((files, tiers)) => {
+            let mut summary = materialize::summary(&files, started.elapsed().as_secs_f64());
+            // Where the computed chunks came from (a warm disk cache: nothing computed).
+            let c = &tiers.mem.stats;
+            summary["chunks"] = serde_json::json!({
+                "bytes_computed": c.bytes_computed.load(std::sync::atomic::Ordering::Relaxed),
+                "bytes_from_disk": c.bytes_from_disk.load(std::sync::atomic::Ordering::Relaxed),
+                "disk_cache": tiers.disk.as_ref().map(|d| d.snapshot()),
+            });
             if a.json {
                 println!("{summary}");
             } else {

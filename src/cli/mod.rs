@@ -1,5 +1,5 @@
 //! The command line (clap derive): `mount` (also reached as `xpackfs SOURCE MOUNTPOINT -o
-//! ...`, the form `mount.fuse3` execs for `mount -t fuse.xpackfs`), `materialize`,
+//! ...`, the form `mount.fuse3` execs for `mount -t fuse.xpackfs`), `materialize`, `warm`,
 //! `validate-int8`, `inspect`, `digest` and `codec`. Each subcommand is one function here or
 //! in its own file; they wire the layers below (view, serve, materialize) and turn their
 //! typed errors into messages and exit codes: 0 success, 1 failure, 2 usage.
@@ -9,6 +9,7 @@ mod inspect;
 mod materialize;
 mod mount;
 pub mod options;
+mod warm;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -68,6 +69,16 @@ continues after an interruption (kill -9 included) and gives the same bytes as a
         allow_negative_numbers = true
     )]
     Materialize(materialize::MaterializeArgs),
+    /// Compute a view (or some of its files) into the disk cache, so mounts and materialize find it computed
+    #[command(
+        long_about = "Compute every chunk of a view (the one `mount` would serve with the same options), or of the files and \
+directories named, into the disk cache (-o disk_cache=DIR, required), on every core, with a progress bar. Resumable: chunks \
+already in the cache are skipped, so an interrupted run continues where it stopped. --nice runs the computation niced and in \
+the idle I/O class. Exit status: 0 done, 1 failed (some chunks could not be computed or written), 2 usage.",
+        after_help = options_help(),
+        allow_negative_numbers = true
+    )]
+    Warm(warm::WarmArgs),
     /// Validate a kt-kernel persistent INT8 expert tree (the rules of kt-kernel's validate_persistent_int8_weights)
     #[command(long_about = "Validate ROOT as kt-kernel's validate_persistent_int8_weights does: schema 1 and 2, root, symlinks, \
 manifest naming and metadata, per-layer NUMA directories, file names, sizes, identities, inventories and byte totals, and \
@@ -132,10 +143,10 @@ struct DigestArgs {
     digest_store: Option<String>,
 }
 
-const SUBCOMMANDS: &[&str] = &["mount", "materialize", "validate-int8", "inspect", "digest", "codec", "help"];
+const SUBCOMMANDS: &[&str] = &["mount", "materialize", "warm", "validate-int8", "inspect", "digest", "codec", "help"];
 
 /// `xpackfs SRC MNT -o ...` (mount helper form) becomes `xpackfs mount SRC MNT -o ...`; then
-/// every `-o` list of `mount` and `materialize` becomes the flags it stands for.
+/// every `-o` list of `mount`, `materialize` and `warm` becomes the flags it stands for.
 fn normalize(mut args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     if let Some(first) = args.get(1).and_then(|a| a.to_str())
         && !first.starts_with('-')
@@ -144,7 +155,7 @@ fn normalize(mut args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         args.insert(1, "mount".into());
     }
     let sub = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
-    if sub != "mount" && sub != "materialize" {
+    if !["mount", "materialize", "warm"].contains(&sub) {
         return Ok(args);
     }
     let cmd = Cli::command();
@@ -189,6 +200,7 @@ pub fn main() -> i32 {
     match cli.command {
         Cmd::Mount(a) => mount::run(a),
         Cmd::Materialize(a) => materialize::run(a),
+        Cmd::Warm(a) => warm::run(a),
         Cmd::ValidateInt8(a) => validate_int8(a),
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Codec(a) => codec::run(a),
@@ -272,6 +284,12 @@ mod tests {
         // A later -o wins over an earlier one, as mount(8) users expect.
         let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "top_k=2", "-o", "top_k=5"]).unwrap().command else { panic!() };
         assert_eq!(m.options.view.pack.top_k, Some(5));
+        // The chunk tiers' options, in both forms, and for warm too.
+        let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "disk_cache=/c,disk_cache_gb=0.5,prewarm=on,compute_threads=3"]).unwrap().command else { panic!() };
+        let t = m.options.view.tiers;
+        assert_eq!((t.disk_cache.as_deref(), t.disk_cache_gb, t.prewarm, t.compute_threads), (Some(std::path::Path::new("/c")), Some(0.5), true, Some(3)));
+        let Cmd::Warm(w) = parse(&["xpackfs", "warm", "s", "-o", "view=requant,disk_cache=/c", "plan.json", "--nice"]).unwrap().command else { panic!() };
+        assert_eq!((w.options.view.view.as_str(), w.nice), ("requant", true));
     }
 
     #[test]
@@ -293,6 +311,10 @@ mod tests {
             (vec!["-o", "direct_io=maybe"], "auto, on or off"),
             (vec!["-o", "passthrough"], "needs a value"),
             (vec!["-o", "clone_fd=maybe"], "on or off"),
+            (vec!["-o", "disk_cache_gb=0"], "above 0"),
+            (vec!["-o", "disk_cache_gb=lots"], "number of GiB"),
+            (vec!["-o", "prewarm=maybe"], "on or off"),
+            (vec!["-o", "compute_threads=0"], "from 1 to 1024"),
         ] {
             let mut full = vec!["xpackfs", "mount", "s", "/m"];
             full.extend(args.iter());

@@ -24,6 +24,11 @@ pub fn run(a: MountArgs) -> i32 {
             return 1;
         }
     };
+    // The daemon leaves the working directory: a relative mountpoint is resolved here.
+    let mountpoint = match std::path::Path::new(&mountpoint) {
+        p if p.is_relative() => std::env::current_dir().map(|d| d.join(p).to_string_lossy().into_owned()).unwrap_or(mountpoint),
+        _ => mountpoint,
+    };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut ready = if options.serve.foreground { daemon::Readiness::foreground() } else { daemon::daemonize() };
     if ready.is_background() {
@@ -31,9 +36,10 @@ pub fn run(a: MountArgs) -> i32 {
     }
     daemon::block_signals();
     super::init_logging(options.serve.debug);
-    let ctx = Context::new(Purpose::Mount, location, command, &options.view);
-    let result = build(&source, &options.view, &ctx)
-        .and_then(|built| serve::mount(&source, &mountpoint, built, ctx.cache.clone(), &options.serve, &mut ready).map_err(|e| e.to_string()));
+    let result = Context::new(Purpose::Mount, location, command, &options.view).map_err(|e| e.to_string()).and_then(|ctx| {
+        let built = build(&source, &options.view, &ctx)?;
+        serve::mount(&source, &mountpoint, built, ctx.tiers.clone(), options.view.tiers.prewarm, &options.serve, &mut ready).map_err(|e| e.to_string())
+    });
     match result {
         Ok(()) => 0,
         Err(e) => {

@@ -1,6 +1,8 @@
 //! Serving a built view over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
 //! adapter (`fuse`), serving options (`options`) and process plumbing (`daemon`). This layer
-//! knows views only as a [`Built`] tree; which view and how it was built is `view`'s business.
+//! knows views only as a [`Built`] tree and the chunk [`Tiers`] it computes through (their
+//! counters go to `/.xpackfs/stats.json`; `prewarm=on` starts a background warm-up of the
+//! disk cache once the mount is live); which view and how it was built is `view`'s business.
 
 pub mod daemon;
 pub mod fs;
@@ -15,8 +17,8 @@ use std::sync::Arc;
 use fuser::{Config, MountOption, Session, SessionACL};
 use parking_lot::Mutex;
 
-use crate::view::cache::ChunkCache;
-use crate::view::Built;
+use crate::view::compute::{Priority, Tiers};
+use crate::view::{warm, Built};
 use fs::{Fs, Ownership};
 use options::ServeOptions;
 
@@ -77,12 +79,10 @@ fn fd_mountpoint(mountpoint: &str) -> Option<i32> {
 fn mount_device(mountpoint: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = mountpoint.to_string_lossy();
-    info.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
-        })
-        .last()
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+    })
 }
 
 /// Set the mount's readahead through its backing-device entry in sysfs.
@@ -99,9 +99,18 @@ fn set_read_ahead(mountpoint: &Path, kb: u32) {
 }
 
 /// Mount `built` (the view of `source_path`) on `mountpoint` and serve it until unmounted or
-/// signalled. `ready` is told once the mount is live. `cache` is the chunk cache the view
-/// computes through (its counters go to `/.xpackfs/stats.json`).
-pub fn mount(source_path: &Path, mountpoint: &str, built: Built, cache: Arc<ChunkCache>, opts: &ServeOptions, ready: &mut daemon::Readiness) -> Result<(), MountError> {
+/// signalled. `ready` is told once the mount is live. `tiers` are the chunk tiers the view
+/// computes through; with `prewarm`, every chunk is computed ahead into their disk cache in
+/// the background.
+pub fn mount(
+    source_path: &Path,
+    mountpoint: &str,
+    built: Built,
+    tiers: Arc<Tiers>,
+    prewarm: bool,
+    opts: &ServeOptions,
+    ready: &mut daemon::Readiness,
+) -> Result<(), MountError> {
     let fd_mode = fd_mountpoint(mountpoint);
     let mount_path = match fd_mode {
         Some(_) => mount_location(mountpoint, opts)?,
@@ -111,7 +120,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, built: Built, cache: Arc<Chun
     let want_stats = opts.stats.unwrap_or(!view.exclusive_root());
     let owner = ownership_of(source_path).map_err(|e| MountError::Source { path: source_path.to_path_buf(), source: e })?;
     let stats: Arc<fs::Stats> = Arc::default();
-    let stats_json = stats_content(stats.clone(), cache.clone(), tree.vfiles().count());
+    let stats_json = stats_content(stats.clone(), tiers.clone(), tree.vfiles().count());
     if want_stats {
         let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
         tree.add_dynamic(hidden, "stats.json", stats_json.clone());
@@ -197,16 +206,43 @@ pub fn mount(source_path: &Path, mountpoint: &str, built: Built, cache: Arc<Chun
     }
     tracing::info!("mounted {} on {} ({} view, {} files)", source_path.display(), mount_path.display(), view.name(), fs.tree().vfiles().count());
     ready.ready(opts.log_file.as_deref());
+    if prewarm {
+        start_prewarm(fs.tree().files(), tiers);
+    }
     // Returns only on errors: a normal end (the kernel unmounted) exits in `destroy`.
     session.run().map_err(MountError::Session)?;
     Ok(())
 }
 
+/// Compute every persistent chunk of the view into the disk cache, on the background pool
+/// (niced, idle I/O class): reads run first, and a read that needs a chunk being warmed
+/// promotes it.
+fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>) {
+    let Some(disk) = tiers.disk.clone() else {
+        tracing::warn!("prewarm=on needs a disk cache (disk_cache=DIR): not prewarming");
+        return;
+    };
+    let spawned = std::thread::Builder::new().name("xpackfs-prewarm".into()).spawn(move || {
+        let items = warm::plan(&files);
+        let need = warm::disk_bytes(&items);
+        if need > disk.budget() {
+            tracing::warn!("prewarm: the view's computed chunks take {need} bytes on disk, more than the disk cache's bound of {} (disk_cache_gb): older ones will be evicted", disk.budget());
+        }
+        tracing::info!("prewarm: {} chunk groups, {need} bytes, into {}", items.len(), disk.config().dir.display());
+        let r = warm::run(&tiers, &items, Priority::Background, &warm::Progress::default());
+        tracing::info!("prewarm done in {:.1}s: {} computed, {} already present, {} failed", r.seconds, r.computed, r.present, r.failed);
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("prewarm: cannot start its thread: {e}");
+    }
+}
+
 /// `/.xpackfs/stats.json`: counters of the mount, generated at each read.
-fn stats_content(stats: Arc<fs::Stats>, cache: Arc<ChunkCache>, files: usize) -> crate::view::tree::DynamicContent {
+fn stats_content(stats: Arc<fs::Stats>, tiers: Arc<Tiers>, files: usize) -> crate::view::tree::DynamicContent {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     Arc::new(move || {
+        let cache = &tiers.mem;
         let c = &cache.stats;
         let v = serde_json::json!({
             "uptime_s": started.elapsed().as_secs_f64(),
@@ -229,7 +265,10 @@ fn stats_content(stats: Arc<fs::Stats>, cache: Arc<ChunkCache>, files: usize) ->
                 "waits": c.waits.load(Relaxed),
                 "evictions": c.evictions.load(Relaxed),
                 "bytes_computed": c.bytes_computed.load(Relaxed),
+                "bytes_from_disk": c.bytes_from_disk.load(Relaxed),
             },
+            "disk_cache": tiers.disk.as_ref().map(|d| d.snapshot()),
+            "compute": tiers.compute_snapshot(),
         });
         let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
         s.push('\n');

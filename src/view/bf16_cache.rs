@@ -5,9 +5,11 @@
 //!
 //! Tensor selection, renaming (`canonical_non_expert_key`) and every error condition follow
 //! the seed; the ones visible in headers are reported at mount time. FP8 weights become
-//! BF16 on read, in chunks of whole scale-block rows, through the chunk cache; BF16/F32
-//! tensors are served from the source after a finiteness check (the seed's "non-finite
-//! source tensor"); I64 tensors straight from the source. Shard files are laid out exactly
+//! BF16 on read, in chunks of whole scale-block rows, through the tiers (memory, the disk
+//! cache, the compute pool; keyed by the source files' identity, the tensor, its offsets,
+//! shape, block shape and chunking); BF16/F32 tensors are served from the source after a
+//! finiteness check (the seed's "non-finite source tensor"), through memory only (the
+//! source is their durable copy); I64 tensors straight from the source. Shard files are laid out exactly
 //! as `safetensors.torch.save_file(tensors, metadata={"format": "pt"})` lays them out: the
 //! header comes from the `safetensors` crate's own serialiser (which the Python package
 //! calls), tensors ordered by dtype, then name.
@@ -26,8 +28,9 @@ use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::cache::ChunkCache;
+use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
+use super::disk_cache::{source_file_keys, KeyBuilder, ProducerKey};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
@@ -272,9 +275,9 @@ fn plan(source: &Source, cfg: &V4Config) -> Result<Vec<Planned>, ViewError> {
     Ok(out)
 }
 
-/// FP8 weight -> BF16, chunks of whole block rows, through the cache.
+/// FP8 weight -> BF16, chunks of whole block rows, through the tiers (kept on disk too).
 #[derive(Debug)]
-struct Fp8Chunks {
+struct Fp8Inner {
     name: String,
     weight: Arc<SourceFile>,
     weight_offset: u64,
@@ -283,56 +286,95 @@ struct Fp8Chunks {
     scale_len: usize,
     geo: Fp8Blocks,
     rows_per_chunk: usize,
-    cache: Arc<ChunkCache>,
+    tiers: Arc<Tiers>,
     id: u64,
+    key: ProducerKey,
 }
+
+impl Fp8Inner {
+    fn chunk_len(&self, id: u64) -> u64 {
+        let first = id as usize * self.rows_per_chunk;
+        (self.rows_per_chunk.min(self.geo.rows - first) * self.geo.cols * 2) as u64
+    }
+
+    /// Chunk `id`: its FP8 rows and the block scales decoded to BF16 (the codec call of this
+    /// view).
+    fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
+        let first = id as usize * self.rows_per_chunk;
+        let rows = self.rows_per_chunk.min(self.geo.rows - first);
+        let mut w = vec![0u8; rows * self.geo.cols];
+        self.weight.read_exact_at(&mut w, self.weight_offset + (first * self.geo.cols) as u64)?;
+        let mut s = vec![0u8; self.scale_len];
+        self.scale.read_exact_at(&mut s, self.scale_offset)?;
+        let mut out = vec![0u16; rows * self.geo.cols];
+        self.geo.to_bf16(&w, first, &s, &mut out).map_err(|e| {
+            let rule = match e {
+                crate::codec::CodecError::BadScale { .. } => format!("non-finite or non-positive FP8 scales ({e})"),
+                crate::codec::CodecError::NonFiniteWeight { .. } => format!("non-finite FP8 non-expert weight ({e})"),
+                crate::codec::CodecError::Bf16Overflow { .. } => format!("FP8 non-expert weight overflows BF16 ({e})"),
+                other => other.to_string(),
+            };
+            ViewError::Content { tensor: self.name.clone(), rule }
+        })?;
+        Ok(out.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+    }
+
+    fn group(self: &Arc<Self>, id: u64) -> Arc<Group> {
+        let me = self.clone();
+        Arc::new(Group::single((self.id, id), self.key.chunk(id), move || me.compute(id)))
+    }
+}
+
+#[derive(Debug)]
+struct Fp8Chunks(Arc<Fp8Inner>);
 
 impl ChunkSource for Fp8Chunks {
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.cache.get_or_compute((self.id, id), || {
-            let first = id as usize * self.rows_per_chunk;
-            let rows = self.rows_per_chunk.min(self.geo.rows - first);
-            let mut w = vec![0u8; rows * self.geo.cols];
-            self.weight.read_exact_at(&mut w, self.weight_offset + (first * self.geo.cols) as u64)?;
-            let mut s = vec![0u8; self.scale_len];
-            self.scale.read_exact_at(&mut s, self.scale_offset)?;
-            let mut out = vec![0u16; rows * self.geo.cols];
-            self.geo.to_bf16(&w, first, &s, &mut out).map_err(|e| {
-                let rule = match e {
-                    crate::codec::CodecError::BadScale { .. } => format!("non-finite or non-positive FP8 scales ({e})"),
-                    crate::codec::CodecError::NonFiniteWeight { .. } => format!("non-finite FP8 non-expert weight ({e})"),
-                    crate::codec::CodecError::Bf16Overflow { .. } => format!("FP8 non-expert weight overflows BF16 ({e})"),
-                    other => other.to_string(),
-                };
-                ViewError::Content { tensor: self.name.clone(), rule }
-            })?;
-            Ok(out.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
-        })
+        self.0.tiers.get(&self.0.group(id), 0, Priority::Read)
+    }
+    fn ready(&self, id: u64) -> bool {
+        self.0.tiers.in_memory(&(self.0.id, id))
+    }
+    fn persistent(&self) -> bool {
+        true
+    }
+    fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
+        self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
     }
 }
 
 /// A floating-point tensor served from the source after checking it is finite.
 #[derive(Debug)]
-struct CheckedChunks {
+struct CheckedInner {
     name: String,
     file: Arc<SourceFile>,
     offset: u64,
     nbytes: u64,
     dtype: Dtype,
     chunk_bytes: u64,
-    cache: Arc<ChunkCache>,
+    tiers: Arc<Tiers>,
     id: u64,
+    key: ProducerKey,
 }
 
+#[derive(Debug)]
+struct CheckedChunks(Arc<CheckedInner>);
+
 impl ChunkSource for CheckedChunks {
-    /// Through the cache: FUSE reads a chunk in many small requests, and each must not
-    /// re-read and re-check the whole chunk.
+    /// Through the memory cache (never the disk cache: the source is their durable copy):
+    /// FUSE reads a chunk in many small requests, and each must not re-read and re-check the
+    /// whole chunk.
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.cache.get_or_compute((self.id, id), || self.compute(id))
+        let me = self.0.clone();
+        let group = Group::single((me.id, id), me.key.chunk(id), move || me.compute(id)).memory_only();
+        self.0.tiers.get(&Arc::new(group), 0, Priority::Read)
+    }
+    fn ready(&self, id: u64) -> bool {
+        self.0.tiers.in_memory(&(self.0.id, id))
     }
 }
 
-impl CheckedChunks {
+impl CheckedInner {
     fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
         let start = id * self.chunk_bytes;
         let len = self.chunk_bytes.min(self.nbytes - start) as usize;
@@ -443,7 +485,7 @@ pub fn build(source: &Source, ctx: &super::Context) -> Result<Tree, ViewError> {
     let planned = plan(source, &cfg)?;
 
     let mut tree = Tree::new();
-    let (shards, weight_map) = shards(source, &cfg, &planned, &ctx.cache)?;
+    let (shards, weight_map) = shards(source, &cfg, &planned, &ctx.tiers)?;
     for (name, f) in &shards {
         tree.add_file_arc(ROOT_INO, name, f.clone());
     }
@@ -458,7 +500,8 @@ pub fn build(source: &Source, ctx: &super::Context) -> Result<Tree, ViewError> {
 
 /// One `non-expert-NNN.safetensors` per source shard that contributes tensors (in sorted
 /// order), and the index's weight map.
-fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], cache: &Arc<ChunkCache>) -> Result<(Vec<(String, Arc<VirtualFile>)>, serde_json::Map<String, Value>), ViewError> {
+fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], tiers: &Arc<Tiers>) -> Result<(Vec<(String, Arc<VirtualFile>)>, serde_json::Map<String, Value>), ViewError> {
+    let file_keys = source_file_keys(&source.files);
     let mut by_file: BTreeMap<usize, Vec<&Planned>> = BTreeMap::new();
     for p in planned {
         by_file.entry(source.tensors[p.source].file).or_default().push(p);
@@ -473,7 +516,7 @@ fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], cache: &Arc<Chun
         f.push(Extent::Bytes(header.into()));
         for &i in &order {
             let p = list[i];
-            push_tensor(&mut f, source, cfg, p, cache);
+            push_tensor(&mut f, source, cfg, p, tiers, &file_keys);
             weight_map.insert(p.target.clone(), Value::String(name.clone()));
         }
         files.push((name, Arc::new(f)));
@@ -483,15 +526,26 @@ fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], cache: &Arc<Chun
 
 /// The extents of one tensor: FP8 weights converted in chunks of block rows, BF16/F32
 /// tensors checked for finiteness, I64 tensors as they are.
-fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned, cache: &Arc<ChunkCache>) {
+fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned, tiers: &Arc<Tiers>, file_keys: &[String]) {
     let t = &source.tensors[p.source];
     let file = source.files[t.file].clone();
+    let key = |kind: &str| KeyBuilder::new(VIEW).field("kind", kind).field("file", &file_keys[t.file]).field("tensor", &t.name).u64("offset", t.offset);
     if let Some(si) = p.scale {
         let s = &source.tensors[si];
         let geo = Fp8Blocks { rows: t.shape[0] as usize, cols: t.shape[1] as usize, block_rows: cfg.block[0], block_cols: cfg.block[1] };
         let target_chunk = (2usize << 20) / (geo.cols * 2).max(1);
         let rows_per_chunk = (target_chunk / geo.block_rows).max(1) * geo.block_rows;
-        let src = Arc::new(Fp8Chunks {
+        let key = key("fp8-bf16")
+            .field("scale_file", &file_keys[s.file])
+            .u64("scale_offset", s.offset)
+            .u64("scale_len", s.nbytes)
+            .u64("rows", geo.rows as u64)
+            .u64("cols", geo.cols as u64)
+            .u64("block_rows", geo.block_rows as u64)
+            .u64("block_cols", geo.block_cols as u64)
+            .u64("rows_per_chunk", rows_per_chunk as u64)
+            .producer();
+        let inner = Arc::new(Fp8Inner {
             name: t.name.clone(),
             weight: file,
             weight_offset: t.offset,
@@ -500,27 +554,30 @@ fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned
             scale_len: s.nbytes as usize,
             geo,
             rows_per_chunk,
-            id: cache.producer_id(),
-            cache: cache.clone(),
+            id: tiers.mem.producer_id(),
+            tiers: tiers.clone(),
+            key,
         });
-        for c in 0..geo.rows.div_ceil(rows_per_chunk) {
-            let rows = rows_per_chunk.min(geo.rows - c * rows_per_chunk);
-            f.push(Extent::Computed { source: src.clone(), id: c as u64, len: (rows * geo.cols * 2) as u64 });
+        let src = Arc::new(Fp8Chunks(inner.clone()));
+        for c in 0..geo.rows.div_ceil(rows_per_chunk) as u64 {
+            f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
         }
     } else if p.dtype == Dtype::I64 {
         f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
     } else {
         let chunk_bytes = 4u64 << 20;
-        let src = Arc::new(CheckedChunks {
+        let key = key("checked").u64("nbytes", t.nbytes).field("dtype", format!("{:?}", p.dtype)).u64("chunk_bytes", chunk_bytes).producer();
+        let src = Arc::new(CheckedChunks(Arc::new(CheckedInner {
             name: t.name.clone(),
             file,
             offset: t.offset,
             nbytes: t.nbytes,
             dtype: p.dtype,
             chunk_bytes,
-            id: cache.producer_id(),
-            cache: cache.clone(),
-        });
+            id: tiers.mem.producer_id(),
+            tiers: tiers.clone(),
+            key,
+        })));
         for c in 0..t.nbytes.div_ceil(chunk_bytes) {
             f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
         }

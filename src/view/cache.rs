@@ -1,7 +1,12 @@
-//! Byte-budgeted LRU cache of computed chunks, with single-flight: concurrent readers of
-//! a chunk that is being computed wait for that one computation instead of repeating it.
-//! Errors are not cached (a later read tries again and reports again); the readers that
-//! waited for a failed computation all get that one error, shared.
+//! Byte-budgeted LRU cache of computed chunks, the first tier ([`super::compute::Tiers`]
+//! puts the disk cache and the compute pool behind it), with single-flight: concurrent
+//! readers of a chunk that is being loaded or computed wait for that one load instead of
+//! repeating it. Errors are not cached (a later read tries again and reports again); the
+//! readers that waited for a failed load all get that one error, shared.
+//!
+//! Every chunk that enters records its [`Origin`], so `bytes_computed` counts only bytes
+//! computed by this process (a chunk read back from the disk cache counts in
+//! `bytes_from_disk`), each once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +25,23 @@ pub struct CacheStats {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub waits: AtomicU64,
+    /// Bytes of chunks computed by this process.
     pub bytes_computed: AtomicU64,
+    /// Bytes of chunks read back from the disk cache.
+    pub bytes_from_disk: AtomicU64,
     pub evictions: AtomicU64,
+}
+
+/// Where a chunk entering the cache comes from, for the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Computed now: counts in `bytes_computed`.
+    Computed,
+    /// Read from the disk cache: counts in `bytes_from_disk`.
+    Disk,
+    /// Already counted where it was produced (a compute job's write-behind puts, and counts,
+    /// every part it computed; the reader that waited for it only keeps its copy).
+    Counted,
 }
 
 struct Lru {
@@ -73,6 +93,30 @@ impl ChunkCache {
         self.lru.lock().map.get(key).cloned()
     }
 
+    /// The chunk at `key` if it is cached: counted as a hit and made most recently used.
+    pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
+        let v = self.lookup(key)?;
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        Some(v)
+    }
+
+    /// Whether the chunk at `key` is cached, without counting or touching it (prefetch and
+    /// readiness checks).
+    pub fn peek(&self, key: &Key) -> bool {
+        self.lru.lock().map.contains(key)
+    }
+
+    /// Count `len` bytes of `origin` without keeping them (parts computed while warming the
+    /// disk cache, which stay out of memory).
+    pub fn record(&self, len: usize, origin: Origin) {
+        let stat = match origin {
+            Origin::Computed => &self.stats.bytes_computed,
+            Origin::Disk => &self.stats.bytes_from_disk,
+            Origin::Counted => return,
+        };
+        stat.fetch_add(len as u64, Ordering::Relaxed);
+    }
+
     fn insert(&self, key: Key, value: Arc<[u8]>) {
         if value.len() > self.budget {
             return; // larger than the whole budget: served, not kept
@@ -93,16 +137,22 @@ impl ChunkCache {
         }
     }
 
-    /// Insert a chunk computed alongside another one (e.g. a scale file with its quant file).
-    pub fn put(&self, key: Key, value: Arc<[u8]>) {
-        self.stats.bytes_computed.fetch_add(value.len() as u64, Ordering::Relaxed);
+    /// Insert a chunk that did not come through [`ChunkCache::get_or_load`] (the parts a
+    /// compute job wrote behind, siblings of the one asked for), counted by its origin.
+    pub fn put(&self, key: Key, value: Arc<[u8]>, origin: Origin) {
+        self.record(value.len(), origin);
         self.insert(key, value);
     }
 
     /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
     pub fn get_or_compute<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, ViewError>) -> Result<Arc<[u8]>, ViewError> {
-        if let Some(v) = self.lookup(&key) {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.get_or_load(key, || compute().map(|v| (v.into(), Origin::Computed)))
+    }
+
+    /// The chunk at `key`, loading it with `load` (which says where the bytes came from) if
+    /// no one has it or is loading it.
+    pub fn get_or_load(&self, key: Key, load: impl FnOnce() -> Result<(Arc<[u8]>, Origin), ViewError>) -> Result<Arc<[u8]>, ViewError> {
+        if let Some(v) = self.get(&key) {
             return Ok(v);
         }
         let (slot, leader) = {
@@ -134,13 +184,15 @@ impl ChunkCache {
             };
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        // A panic in `compute` must not leave waiters hanging.
-        let result: Result<Arc<[u8]>, Arc<ViewError>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(compute))
+        // A panic in `load` must not leave waiters hanging.
+        let result: Result<Arc<[u8]>, Arc<ViewError>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
             .unwrap_or_else(|_| Err(ViewError::Internal("chunk computation panicked".into())))
-            .map(Into::into)
+            .map(|(v, origin)| {
+                self.record(v.len(), origin);
+                v
+            })
             .map_err(Arc::new);
         if let Ok(v) = &result {
-            self.stats.bytes_computed.fetch_add(v.len() as u64, Ordering::Relaxed);
             self.insert(key, v.clone());
         }
         *slot.0.lock() = Some(result.clone());
@@ -210,5 +262,19 @@ mod tests {
         assert!(c.get_or_compute((1, 1), || Err::<Vec<u8>, _>(ViewError::Internal("boom".into()))).is_err());
         assert!(c.get_or_compute((1, 1), || -> Result<Vec<u8>, ViewError> { panic!("bad chunk") }).is_err());
         assert_eq!(c.get_or_compute((1, 1), || Ok(vec![1])).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn origins_are_counted_once_each() {
+        let c = ChunkCache::new(1 << 20);
+        c.get_or_compute((1, 1), || Ok(vec![0; 10])).unwrap();
+        c.get_or_load((1, 2), || Ok((Arc::from(vec![0; 20]), Origin::Disk))).unwrap();
+        c.get_or_load((1, 3), || Ok((Arc::from(vec![0; 40]), Origin::Counted))).unwrap();
+        c.put((1, 4), Arc::from(vec![0; 80]), Origin::Computed);
+        assert!(c.peek(&(1, 4)) && !c.peek(&(1, 5)));
+        assert_eq!(c.stats.hits.load(Ordering::Relaxed), 0, "peek counts nothing");
+        assert!(c.get(&(1, 2)).is_some());
+        let s = &c.stats;
+        assert_eq!((s.bytes_computed.load(Ordering::Relaxed), s.bytes_from_disk.load(Ordering::Relaxed), s.hits.load(Ordering::Relaxed)), (90, 20, 1));
     }
 }

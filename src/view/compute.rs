@@ -19,16 +19,18 @@
 //! projection together). Prefetches go through a few driver threads that only wait, so a
 //! reader arriving for a prefetched chunk promotes its job instead of waiting behind it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::cache::{self, ChunkCache};
-use super::disk_cache::{DiskCache, DiskKey};
+use super::cache::{self, ChunkCache, Origin};
+use super::disk_cache::{DiskCache, DiskCacheConfig, DiskKey};
 use super::ViewError;
+use crate::util::args::{int_in, switch};
 
 /// What one job computes: its chunks, in order.
 pub type Parts = Arc<[Arc<[u8]>]>;
@@ -394,17 +396,73 @@ pub enum Warmed {
     Computed,
 }
 
-/// An error shared with other waiters, as an owned error (the original when this was the
-/// last holder; else an equal copy, or its message for errors that cannot be copied).
-pub fn unshare(e: Arc<ViewError>) -> ViewError {
-    match Arc::try_unwrap(e) {
-        Ok(e) => e,
-        Err(e) => match &*e {
-            ViewError::Layout { view, rule } => ViewError::Layout { view, rule: rule.clone() },
-            ViewError::Option { option, rule } => ViewError::Option { option, rule: rule.clone() },
-            ViewError::Content { tensor, rule } => ViewError::Content { tensor: tensor.clone(), rule: rule.clone() },
-            other => ViewError::Internal(other.to_string()),
-        },
+/// Options of the chunk tiers (flattened into [`super::ViewOptions`]): the disk cache, its
+/// bound, prewarming and the compute pool's size.
+#[derive(Debug, Clone, clap::Args)]
+#[group(id = "tiers")]
+pub struct Options {
+    /// Directory of the persistent cache of computed chunks, shared by every mount, `warm` and
+    /// `materialize` that name it (off unless given)
+    #[arg(long, value_name = "DIR", help_heading = "Chunk caches")]
+    pub disk_cache: Option<PathBuf>,
+    /// Size bound of the disk cache in GiB, fractions allowed (default: 256, less where that
+    /// would leave under 5% of its filesystem free)
+    #[arg(long, value_name = "GIB", value_parser = gib, help_heading = "Chunk caches")]
+    pub disk_cache_gb: Option<f64>,
+    /// on|off: a mount computes every chunk ahead into the disk cache, in the background at
+    /// low priority, yielding to reads (needs disk_cache)
+    #[arg(long, default_value = "off", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Chunk caches")]
+    pub prewarm: bool,
+    /// Threads that compute chunks (default: the CPU count)
+    #[arg(long, value_parser = int_in::<usize>(1, 1024), help_heading = "Chunk caches")]
+    pub compute_threads: Option<usize>,
+}
+
+fn gib(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= (1u64 << 20) as f64 => Ok(v),
+        _ => Err(format!("{s:?} must be a number of GiB above 0 and at most 1048576")),
+    }
+}
+
+/// The default bound of a disk cache: enough for the largest computed view of a current
+/// checkpoint (the requant view of V4.1-Flash is about 143 GiB) with room for a second one.
+pub const DEFAULT_DISK_CACHE_GIB: u64 = 256;
+/// Without an explicit bound, the cache never grows into this fraction of its filesystem.
+const KEEP_FREE: f64 = 0.05;
+
+/// Free and total bytes of the filesystem holding `path` (or its nearest existing ancestor).
+fn space(path: &Path) -> Option<(u64, u64)> {
+    let mut p = path;
+    while !p.exists() {
+        p = p.parent()?;
+    }
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data, for which all zeros is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid statvfs to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64 * st.f_frsize as u64, st.f_blocks as u64 * st.f_frsize as u64))
+}
+
+impl Options {
+    /// The disk cache these options name, opened (never an error: see [`DiskCache::open`]).
+    pub fn open_disk_cache(&self) -> Option<DiskCache> {
+        let dir = self.disk_cache.as_ref()?;
+        let explicit = self.disk_cache_gb.map(|g| (g * (1u64 << 30) as f64) as u64);
+        let mut disk = DiskCache::open(DiskCacheConfig::new(dir, explicit.unwrap_or(DEFAULT_DISK_CACHE_GIB << 30)));
+        if explicit.is_none()
+            && let Some((free, total)) = space(dir)
+        {
+            let room = (free + disk.size_bytes()).saturating_sub((total as f64 * KEEP_FREE) as u64);
+            if room < disk.budget() {
+                tracing::info!("disk cache {}: bound {:.1} GiB (keeps 5% of its filesystem free; disk_cache_gb= sets it)", dir.display(), room as f64 / (1u64 << 30) as f64);
+                disk.set_budget(room);
+            }
+        }
+        Some(disk)
     }
 }
 
@@ -414,6 +472,9 @@ pub struct Tiers {
     pub disk: Option<Arc<DiskCache>>,
     pub pool: Arc<ComputePool<ViewError>>,
     prefetch: SyncSender<(Arc<Group>, usize)>,
+    /// Groups queued or running as prefetches (a sequential reader asks for the next chunk
+    /// on every read of the current one: asked once).
+    prefetching: Mutex<HashSet<DiskKey>>,
     pub prefetch_dropped: AtomicU64,
 }
 
@@ -427,10 +488,27 @@ impl std::fmt::Debug for Tiers {
 const PREFETCH_DRIVERS: usize = 4;
 const PREFETCH_QUEUE: usize = 64;
 
+/// The compute pool's counters at one moment, for `.xpackfs/stats.json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ComputeSnapshot {
+    pub threads: usize,
+    pub in_flight: usize,
+    pub runs_read: u64,
+    pub runs_background: u64,
+    pub joined: u64,
+    pub promoted: u64,
+    pub hedged: u64,
+    pub wasted: u64,
+    pub failed: u64,
+    pub panics: u64,
+    pub prefetch_queued: usize,
+    pub prefetch_dropped: u64,
+}
+
 impl Tiers {
     pub fn new(mem: Arc<ChunkCache>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<ViewError>>) -> Arc<Tiers> {
         let (tx, rx) = sync_channel::<(Arc<Group>, usize)>(PREFETCH_QUEUE);
-        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetch_dropped: AtomicU64::new(0) });
+        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
@@ -440,6 +518,7 @@ impl Tiers {
                     // Ends with the last user of the tiers (the sender goes with them).
                     let Some(tiers) = weak.upgrade() else { return };
                     let _ = tiers.get(&group, idx, Priority::Background);
+                    tiers.prefetching.lock().remove(&group.key);
                 }
             });
             if let Err(e) = spawned {
@@ -449,51 +528,65 @@ impl Tiers {
         tiers
     }
 
+    /// The tiers `opts` describe over a memory cache of `mem_bytes`: one per process.
+    pub fn from_options(mem_bytes: usize, opts: &Options) -> Result<Arc<Tiers>, ViewError> {
+        let mut cfg = PoolConfig::default();
+        if let Some(n) = opts.compute_threads {
+            cfg.threads = n;
+        }
+        let pool = ComputePool::new(&cfg).map_err(|e| ViewError::Internal(format!("cannot start the compute pool: {e}")))?;
+        Ok(Tiers::new(Arc::new(ChunkCache::new(mem_bytes)), opts.open_disk_cache().map(Arc::new), Arc::new(pool)))
+    }
+
     /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at
     /// `prio` (this thread waits for this group only), then kept in memory and on disk.
     pub fn get(&self, group: &Arc<Group>, idx: usize, prio: Priority) -> Result<Arc<[u8]>, ViewError> {
         let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| ViewError::Internal(format!("{group:?} has no part {idx}")))?;
+        if let Some(bytes) = self.mem.get(&mem_key) {
+            return Ok(bytes);
+        }
         if prio == Priority::Read {
             // A prefetch may be computing it at background priority (and hold the memory
             // cache's single-flight): have it run at read priority for this reader.
             self.pool.promote(&group.key);
         }
-        let mut loaded = false;
-        let bytes = self.mem.get_or_compute(mem_key, || {
-            loaded = true;
-            self.load(group, idx, disk_key, prio)
-        })?;
-        if loaded {
-            // Computed chunks are counted once, by the write-behind (`put`) of their job;
-            // a chunk read from disk is not computed. Until the memory cache can be told
-            // the origin of a chunk, take back what `get_or_compute` counted.
-            self.mem.stats.bytes_computed.fetch_sub(bytes.len() as u64, Relaxed);
-        }
-        Ok(bytes)
+        self.mem.get_or_load(mem_key, || self.load(group, idx, disk_key, prio))
+    }
+
+    /// Whether part `idx` of `group` is in memory now (a read of it will not wait).
+    pub fn in_memory(&self, mem_key: &cache::Key) -> bool {
+        self.mem.peek(mem_key)
     }
 
     fn disk(&self, group: &Group) -> Option<&Arc<DiskCache>> {
         self.disk.as_ref().filter(|_| group.persist)
     }
 
-    fn load(&self, group: &Arc<Group>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<Arc<[u8]>, ViewError> {
+    fn load(&self, group: &Arc<Group>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<(Arc<[u8]>, Origin), ViewError> {
         if let Some(bytes) = self.disk(group).and_then(|d| d.get(&disk_key)) {
-            return Ok(bytes);
+            return Ok((bytes, Origin::Disk));
         }
-        let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group))).map_err(unshare)?;
-        parts.get(idx).cloned().ok_or_else(|| ViewError::Internal(format!("{group:?} computed {} parts", parts.len())))
+        let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group, true))).map_err(ViewError::Shared)?;
+        let bytes = parts.get(idx).cloned().ok_or_else(|| ViewError::Internal(format!("{group:?} computed {} parts", parts.len())))?;
+        // The job's write-behind counts (and keeps) every part it computed.
+        Ok((bytes, Origin::Counted))
     }
 
-    /// Every part into memory, then onto disk.
-    fn write_behind(&self, group: &Arc<Group>) -> After {
+    /// Every part counted as computed and onto disk; into memory too when `to_memory` or a
+    /// reader joined (warming alone does not push readers' chunks out of memory).
+    fn write_behind(&self, group: &Arc<Group>, to_memory: bool) -> After {
         let (mem, disk, group) = (self.mem.clone(), self.disk(group).cloned(), group.clone());
-        Box::new(move |parts: &Parts, _read_joined| {
+        Box::new(move |parts: &Parts, read_joined| {
             if parts.len() != group.parts.len() {
                 tracing::error!("{group:?}: its job computed {} parts; not cached", parts.len());
                 return;
             }
             for ((m, _), bytes) in group.parts.iter().zip(parts.iter()) {
-                mem.put(*m, bytes.clone());
+                if to_memory || read_joined {
+                    mem.put(*m, bytes.clone(), Origin::Computed);
+                } else {
+                    mem.record(bytes.len(), Origin::Computed);
+                }
             }
             if let Some(disk) = &disk {
                 for ((_, d), bytes) in group.parts.iter().zip(parts.iter()) {
@@ -503,14 +596,17 @@ impl Tiers {
         })
     }
 
-    /// Bring part `idx` of `group` into memory in the background, if there is room in the
-    /// prefetch queue (a prefetch is a hint: dropped when the queue is full).
+    /// Bring part `idx` of `group` into memory in the background, unless it is there or on
+    /// its way, if there is room in the prefetch queue (a prefetch is a hint: dropped when
+    /// the queue is full).
     pub fn prefetch(&self, group: &Arc<Group>, idx: usize) {
-        match self.prefetch.try_send((group.clone(), idx)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.prefetch_dropped.fetch_add(1, Relaxed);
-            }
+        let Some((mem_key, _)) = group.parts.get(idx) else { return };
+        if self.mem.peek(mem_key) || !self.prefetching.lock().insert(group.key) {
+            return;
+        }
+        if self.prefetch.try_send((group.clone(), idx)).is_err() {
+            self.prefetching.lock().remove(&group.key);
+            self.prefetch_dropped.fetch_add(1, Relaxed);
         }
     }
 
@@ -524,8 +620,26 @@ impl Tiers {
         if lens.len() == group.parts.len() && group.parts.iter().zip(lens).all(|((_, d), len)| disk.contains(d, *len)) {
             return Ok(Warmed::Present);
         }
-        self.pool.get_settled(group.key, prio, &group.job, Some(self.write_behind(group))).map_err(unshare)?;
+        self.pool.get_settled(group.key, prio, &group.job, Some(self.write_behind(group, false))).map_err(ViewError::Shared)?;
         Ok(Warmed::Computed)
+    }
+
+    pub fn compute_snapshot(&self) -> ComputeSnapshot {
+        let s = self.pool.stats();
+        ComputeSnapshot {
+            threads: self.pool.threads(),
+            in_flight: self.pool.in_flight(),
+            runs_read: s.runs_read.load(Relaxed),
+            runs_background: s.runs_background.load(Relaxed),
+            joined: s.joined.load(Relaxed),
+            promoted: s.promoted.load(Relaxed),
+            hedged: s.hedged.load(Relaxed),
+            wasted: s.wasted.load(Relaxed),
+            failed: s.failed.load(Relaxed),
+            panics: s.panics.load(Relaxed),
+            prefetch_queued: self.prefetching.lock().len(),
+            prefetch_dropped: self.prefetch_dropped.load(Relaxed),
+        }
     }
 }
 
@@ -613,7 +727,7 @@ mod tests {
     fn errors_and_panics_reach_every_waiter_and_are_not_kept() {
         let p = pool(2);
         let e = p.get(key(1), Priority::Read, &job(|| Err(ViewError::Content { tensor: "t".into(), rule: "bad".into() })), None).unwrap_err();
-        assert!(matches!(unshare(e), ViewError::Content { tensor, .. } if tensor == "t"));
+        assert!(matches!(&*e, ViewError::Content { tensor, .. } if tensor == "t"));
         settle(&p);
         let e = p.get(key(1), Priority::Background, &job(|| panic!("boom")), None).unwrap_err();
         assert!(e.to_string().contains("panicked: boom"), "{e}");
@@ -733,7 +847,7 @@ mod tests {
         // A job that needs another key, on a one-thread pool: run inline, not queued behind itself.
         let inner = p.clone();
         let outer = job(move || {
-            let v = inner.get(key(3), Priority::Read, &job(|| Ok(bytes(b"inner"))), None).map_err(unshare)?;
+            let v = inner.get(key(3), Priority::Read, &job(|| Ok(bytes(b"inner"))), None).map_err(ViewError::Shared)?;
             Ok(bytes(&[&v[0][..], b"+outer"].concat()))
         });
         let p2 = p.clone();
@@ -912,7 +1026,7 @@ mod tests {
         assert_eq!(t3.mem.stats.bytes_computed.load(Relaxed), 0);
 
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
-        assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read), Err(ViewError::Option { option: "disk_cache", .. })));
+        assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), ViewError::Option { option: "disk_cache", .. }));
         assert_eq!(&*memory_only.get(&groups[0], 0, Priority::Read).unwrap(), &expect(0)[..]);
     }
 
@@ -949,7 +1063,7 @@ mod tests {
             }
             Ok(vec![1u8; 4])
         }));
-        assert!(matches!(t.get(&g, 0, Priority::Read), Err(ViewError::Content { .. })));
+        assert!(matches!(t.get(&g, 0, Priority::Read).unwrap_err().root(), ViewError::Content { .. }));
         settle(&t.pool);
         assert_eq!(t.disk.as_ref().unwrap().snapshot().writes, 0);
         assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[1u8; 4][..]);

@@ -41,11 +41,6 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use twox_hash::XxHash3_128;
 
-/// Revision of every codec and chunking rule whose output a disk cache entry can hold.
-/// Bump it whenever any computed chunk's bytes (or a view's chunk boundaries) could change:
-/// entries of an older revision then never match again (they age out by LRU).
-pub const CODEC_REVISION: u32 = 1;
-
 /// Entry format: magic (with the format version), key, payload length, checksum.
 const MAGIC: [u8; 8] = *b"XPKFSDC1";
 pub const HEADER_BYTES: u64 = 64;
@@ -82,11 +77,13 @@ impl std::fmt::Debug for DiskKey {
 pub struct KeyBuilder(Sha256);
 
 impl KeyBuilder {
-    /// A key for `view`, already covering the entry format and [`CODEC_REVISION`].
+    /// A key for `view`, already covering the entry format and [`crate::codec::REVISION`]
+    /// (bumped whenever any codec's output or a view's chunking could change: entries of an
+    /// older revision then never match again and age out by LRU).
     pub fn new(view: &str) -> Self {
         let mut b = KeyBuilder(Sha256::new());
         b.0.update(MAGIC);
-        b.0.update(CODEC_REVISION.to_le_bytes());
+        b.0.update(crate::codec::REVISION.to_le_bytes());
         b.field("view", view)
     }
 
@@ -111,6 +108,14 @@ impl KeyBuilder {
     pub fn producer(self) -> ProducerKey {
         ProducerKey(self.finish().0)
     }
+}
+
+/// The identity of each source file as keys hold it (path, inode, size, mtime and ctime,
+/// not the device number: the digest store's rule, [`crate::digest::identity_key`]), so an
+/// entry computed from a file that has changed since is never found. Computed once per
+/// build, then added to each producer's key.
+pub fn source_file_keys(files: &[Arc<crate::source::SourceFile>]) -> Vec<String> {
+    files.iter().map(|f| crate::digest::identity_key("", &crate::digest::records_of(std::slice::from_ref(f)))).collect()
 }
 
 /// Base key of a chunk producer (one tensor's chunks, ...), fixed at view build time.
@@ -332,6 +337,12 @@ impl DiskCache {
 
     pub fn budget(&self) -> u64 {
         self.cfg.budget_bytes
+    }
+
+    /// Change the bound before the cache is shared (a default bound that depends on the
+    /// free space, found after opening).
+    pub fn set_budget(&mut self, bytes: u64) {
+        self.cfg.budget_bytes = bytes;
     }
 
     fn entry_path(&self, key: &DiskKey) -> PathBuf {

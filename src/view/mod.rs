@@ -5,7 +5,9 @@
 //! view module provides the same few parts (its options, a plan checked against the
 //! source, the layout of its virtual files, its manifests as [`derived`] files, and a
 //! verify hook for `materialize --verify`). [`vfile`] and [`tree`] are the file and
-//! directory model both front ends read, [`cache`] the chunk cache computed views share.
+//! directory model both front ends read. Computed chunks go through [`compute::Tiers`]:
+//! the memory [`cache`], the persistent [`disk_cache`] and the compute pool, one set per
+//! process; [`warm`] computes a view's chunks ahead into the disk cache.
 
 pub mod bf16_cache;
 pub mod cache;
@@ -20,6 +22,7 @@ pub mod registry;
 pub mod requant;
 pub mod tree;
 pub mod vfile;
+pub mod warm;
 
 use std::sync::Arc;
 
@@ -69,6 +72,14 @@ impl ViewError {
 
     pub fn option(option: &'static str, rule: impl Into<String>) -> Self {
         ViewError::Option { option, rule: rule.into() }
+    }
+
+    /// The error itself, under any number of [`ViewError::Shared`] wrappers.
+    pub fn root(&self) -> &ViewError {
+        match self {
+            ViewError::Shared(inner) => inner.root(),
+            other => other,
+        }
     }
 
     /// The errno a read that failed with this error answers. Content that breaks a rule, a

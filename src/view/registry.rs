@@ -1,7 +1,8 @@
 //! The registry of views and the one way to build one: [`build`] takes an [`Input`] (a
 //! checkpoint or an existing INT8 tree), the [`ViewOptions`] and a [`Context`] (what the
-//! view is built for, the digest store, the chunk cache) and gives a [`Built`] view, behind a
-//! guard that turns a bug in a builder into an error instead of a dead process.
+//! view is built for, the digest store, the chunk tiers: memory cache, disk cache and
+//! compute pool, one set per process) and gives a [`Built`] view, behind a guard that turns
+//! a bug in a builder into an error instead of a dead process.
 //!
 //! A view is a module under `view/` with a unit struct implementing [`View`]; adding one
 //! means adding it to [`VIEWS`] (and, if it has options, one `#[command(flatten)]` field in
@@ -11,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::cache::ChunkCache;
+use super::compute::{self, Tiers};
 use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tree, ViewError};
 use crate::digest::DigestStore;
 use crate::source::{Source, SourceFile};
@@ -70,6 +71,8 @@ pub struct ViewOptions {
     /// File name stem of the pack (default: the source's stem)
     #[arg(long, value_parser = plain_file_name, help_heading = "View")]
     pub name: Option<String>,
+    #[command(flatten)]
+    pub tiers: compute::Options,
     #[command(flatten)]
     pub pack: expert_pack::Options,
     #[command(flatten)]
@@ -145,18 +148,20 @@ pub struct Context {
     /// The command recorded in manifests.
     pub command: String,
     pub store: DigestStore,
-    pub cache: Arc<ChunkCache>,
+    /// Where computed chunks are looked up and computed: memory (`cache_mb`), the disk cache
+    /// (`disk_cache`), the compute pool (`compute_threads`).
+    pub tiers: Arc<Tiers>,
 }
 
 impl Context {
-    pub fn new(purpose: Purpose, location: PathBuf, command: String, opts: &ViewOptions) -> Context {
-        Context {
+    pub fn new(purpose: Purpose, location: PathBuf, command: String, opts: &ViewOptions) -> Result<Context, ViewError> {
+        Ok(Context {
             purpose,
             location,
             command,
             store: DigestStore::from_option(opts.digest_store.as_deref()),
-            cache: Arc::new(ChunkCache::new((opts.cache_mb << 20) as usize)),
-        }
+            tiers: Tiers::from_options((opts.cache_mb << 20) as usize, &opts.tiers)?,
+        })
     }
 }
 

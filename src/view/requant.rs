@@ -9,8 +9,11 @@
 //! quantisers as the seed does), everything else is preserved byte for byte. Shard headers
 //! are the seed's compact JSON in (source offset, name) order, padded with spaces.
 //!
-//! Quantised tensors are computed in chunks of whole rows through the chunk cache, each
-//! chunk in parallel over rows (rayon); reading chunk i prefetches chunk i+1. Manifests
+//! Quantised tensors are computed in chunks of whole rows through the tiers (memory, the
+//! disk cache, the compute pool), each chunk in parallel over rows on the pool; reading
+//! chunk i prefetches chunk i+1. A chunk's disk-cache key holds everything its bytes depend
+//! on: the identity of the weight and scale files, the tensor, offsets, shape, ggml type,
+//! chunking and importance row (so another recipe never meets old entries). Manifests
 //! hold every tensor's sha256: their sizes are known up front, their bytes are computed on
 //! first read (through this view) and remembered in the digest store.
 
@@ -20,8 +23,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::cache::ChunkCache;
+use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
+use super::disk_cache::{source_file_keys, KeyBuilder, ProducerKey};
 use super::imatrix::Imatrix;
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::{self, mxfp4, QuantType};
@@ -132,7 +136,8 @@ fn st_dtype(t: &TensorInfo) -> String {
     t.dtype.name()
 }
 
-/// Quantised expert weight, computed in row chunks.
+/// Quantised expert weight, computed in row chunks through the tiers (memory, disk cache,
+/// compute pool).
 struct QuantInner {
     name: String,
     weight: Arc<SourceFile>,
@@ -144,10 +149,13 @@ struct QuantInner {
     qtype: QuantType,
     rows_per_chunk: usize,
     out_row_bytes: usize,
-    cache: Arc<ChunkCache>,
-    id: u64,
     /// Importance row for this tensor (the seed's unit vector when no imatrix is given).
     importance: Arc<Vec<f32>>,
+    tiers: Arc<Tiers>,
+    /// Memory-cache producer id.
+    id: u64,
+    /// Disk-cache key of this tensor's chunks: everything their bytes depend on.
+    key: ProducerKey,
 }
 
 impl QuantInner {
@@ -155,6 +163,12 @@ impl QuantInner {
         self.rows.div_ceil(self.rows_per_chunk) as u64
     }
 
+    fn chunk_len(&self, id: u64) -> u64 {
+        let first = id as usize * self.rows_per_chunk;
+        (self.rows_per_chunk.min(self.rows - first) * self.out_row_bytes) as u64
+    }
+
+    /// Chunk `id`: its MXFP4 rows decoded and requantised (the codec calls of this view).
     fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
         let first = id as usize * self.rows_per_chunk;
         let rows = self.rows_per_chunk.min(self.rows - first);
@@ -178,14 +192,16 @@ impl QuantInner {
         Ok(out)
     }
 
+    fn group(self: &Arc<Self>, id: u64) -> Arc<Group> {
+        let me = self.clone();
+        Arc::new(Group::single((self.id, id), self.key.chunk(id), move || me.compute(id)))
+    }
+
     fn get(self: &Arc<Self>, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        let v = self.cache.get_or_compute((self.id, id), || self.compute(id))?;
-        // Sequential readers: compute the next chunk in the background.
-        if id + 1 < self.chunks() {
-            let me = self.clone();
-            rayon::spawn(move || {
-                let _ = me.cache.get_or_compute((me.id, id + 1), || me.compute(id + 1));
-            });
+        let v = self.tiers.get(&self.group(id), 0, Priority::Read)?;
+        // Sequential readers: the next chunk in the background.
+        if id + 1 < self.chunks() && !self.tiers.in_memory(&(self.id, id + 1)) {
+            self.tiers.prefetch(&self.group(id + 1), 0);
         }
         Ok(v)
     }
@@ -203,6 +219,15 @@ impl std::fmt::Debug for QuantChunks {
 impl ChunkSource for QuantChunks {
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         self.0.get(id)
+    }
+    fn ready(&self, id: u64) -> bool {
+        self.0.tiers.in_memory(&(self.0.id, id))
+    }
+    fn persistent(&self) -> bool {
+        true
+    }
+    fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
+        self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
     }
 }
 
@@ -315,20 +340,25 @@ fn check_expert_shapes(source: &Source, planned: &[Planned]) -> Result<(), ViewE
     Ok(())
 }
 
-/// The importance row of every quantised tensor (all checked at mount), and which imatrix
-/// entry and row it came from.
-type Importance = HashMap<usize, (Arc<Vec<f32>>, Option<String>)>;
+/// The importance row of every quantised tensor (all checked at mount), which imatrix
+/// entry and row it came from, and what the disk cache keys it by ("unit", or the sha256 of
+/// the row's f32 bytes).
+type Importance = HashMap<usize, (Arc<Vec<f32>>, Option<String>, String)>;
 
 fn importance_rows(source: &Source, planned: &[Planned], imatrix: Option<&Imatrix>) -> Result<Importance, ViewError> {
     let mut rows = HashMap::new();
+    // One unit row per row length (a full checkpoint has tens of thousands of tensors).
+    let mut unit: HashMap<usize, Arc<Vec<f32>>> = HashMap::new();
     for p in planned.iter().filter(|p| p.role == "quantised") {
         let t = &source.tensors[p.tensor];
         let k = (t.shape[1] * 2) as usize;
         let row = match imatrix {
-            None => (Arc::new(vec![1.0f32; k]), None),
+            None => (unit.entry(k).or_insert_with(|| Arc::new(vec![1.0f32; k])).clone(), None, "unit".to_string()),
             Some(m) => {
                 let (entry, r) = m.locate(&t.name, k).map_err(|rule| err(format!("imatrix {}: {rule}", m.path.display())))?;
-                (Arc::new(m.row(&t.name, k)?), Some(format!("{entry}[{r}]")))
+                let row = m.row(&t.name, k)?;
+                let key = digest::sha256_hex(&row.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+                (Arc::new(row), Some(format!("{entry}[{r}]")), key)
             }
         };
         rows.insert(p.tensor, row);
@@ -365,11 +395,12 @@ pub fn build(source: &Source, recipe: &Options, ctx: &super::Context) -> Result<
         }
     }
     let n_out = by_shard.len();
+    let file_keys = source_file_keys(&source.files);
     let mut tree = Tree::new();
     let mut plan_shards = Vec::new();
     for (i, (shard, members)) in by_shard.iter().enumerate() {
         let out_name = format!("quant-{:05}-of-{:05}.safetensors", i + 1, n_out);
-        let shard_plan = Shard { source, planned: &mut planned, members: members.clone(), rows: &rows, cache: &ctx.cache };
+        let shard_plan = Shard { source, planned: &mut planned, members: members.clone(), rows: &rows, tiers: &ctx.tiers, file_keys: &file_keys };
         let (f, members, data_bytes) = shard_plan.file();
         let f = Arc::new(f);
         tree.add_file_arc(ROOT_INO, &out_name, f.clone());
@@ -443,14 +474,15 @@ struct Shard<'a> {
     planned: &'a mut [Planned],
     members: Vec<usize>,
     rows: &'a Importance,
-    cache: &'a Arc<ChunkCache>,
+    tiers: &'a Arc<Tiers>,
+    file_keys: &'a [String],
 }
 
 impl Shard<'_> {
     /// The shard file (the seed's header, then each tensor at its output offset, in source
     /// offset order), its members in that order and its data bytes.
     fn file(self) -> (VirtualFile, Vec<usize>, u64) {
-        let Shard { source, planned, mut members, rows, cache } = self;
+        let Shard { source, planned, mut members, rows, tiers, file_keys } = self;
         members.sort_by(|&a, &b| {
             let (ta, tb) = (&source.tensors[planned[a].tensor], &source.tensors[planned[b].tensor]);
             ta.offset.cmp(&tb.offset).then(ta.name.cmp(&tb.name))
@@ -477,25 +509,40 @@ impl Shard<'_> {
                     let s = &source.tensors[si];
                     let out_row_bytes = p.out_shape[1] as usize;
                     let rows_per_chunk = ((1usize << 20) / out_row_bytes.max(1)).clamp(16, 4096) / 16 * 16;
+                    let (importance, importance_key) = rows.get(&p.tensor).map(|r| (r.0.clone(), r.2.clone())).unwrap_or_default();
+                    let (n, k) = (t.shape[0] as usize, (t.shape[1] * 2) as usize);
+                    let key = KeyBuilder::new(VIEW)
+                        .field("weight_file", &file_keys[t.file])
+                        .field("scale_file", &file_keys[s.file])
+                        .field("tensor", &t.name)
+                        .u64("weight_offset", t.offset)
+                        .u64("scale_offset", s.offset)
+                        .u64("rows", n as u64)
+                        .u64("k", k as u64)
+                        .field("ggml_type", q.ggml().name)
+                        .u64("rows_per_chunk", rows_per_chunk as u64)
+                        .u64("out_row_bytes", out_row_bytes as u64)
+                        .field("importance", &importance_key)
+                        .producer();
                     let inner = Arc::new(QuantInner {
                         name: t.name.clone(),
                         weight: source.files[t.file].clone(),
                         weight_offset: t.offset,
                         scale: source.files[s.file].clone(),
                         scale_offset: s.offset,
-                        rows: t.shape[0] as usize,
-                        k: (t.shape[1] * 2) as usize,
+                        rows: n,
+                        k,
                         qtype: q,
                         rows_per_chunk,
                         out_row_bytes,
-                        id: cache.producer_id(),
-                        cache: cache.clone(),
-                        importance: rows.get(&p.tensor).map(|r| r.0.clone()).unwrap_or_default(),
+                        importance,
+                        id: tiers.mem.producer_id(),
+                        tiers: tiers.clone(),
+                        key,
                     });
                     let src = Arc::new(QuantChunks(inner.clone()));
                     for c in 0..inner.chunks() {
-                        let rows = rows_per_chunk.min(inner.rows - c as usize * rows_per_chunk);
-                        f.push(Extent::Computed { source: src.clone(), id: c, len: (rows * out_row_bytes) as u64 });
+                        f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
                     }
                 }
                 _ => f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes }),
@@ -527,7 +574,7 @@ impl ShardManifest<'_> {
             inputs.push(Input::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes });
             inputs.push(Input::View { file: f.clone(), offset: header_len + p.out_offset, len: p.out_bytes });
             names.push((t.name.clone(), t.nbytes, p.out_bytes));
-            if let Some((_, Some(src_row))) = rows.get(&p.tensor) {
+            if let Some((_, Some(src_row), _)) = rows.get(&p.tensor) {
                 importance_rows.insert(t.name.clone(), src_row.clone());
             }
         }

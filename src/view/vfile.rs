@@ -7,14 +7,35 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
+use super::compute::{Priority, Warmed};
 use super::ViewError;
 use crate::source::SourceFile;
 
 /// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
-/// produced whole; callers cache it.
+/// produced whole; the computed views produce theirs through [`super::compute::Tiers`]
+/// (memory, disk cache, compute pool).
 pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     /// The whole chunk `id`; its length must equal the extent's length.
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError>;
+    /// Whether chunk `id` is served now without waiting for a load or a computation (it is
+    /// in memory). The FUSE adapter takes reads that would wait off its workers.
+    fn ready(&self, _id: u64) -> bool {
+        false
+    }
+    /// Whether the chunks are kept in the disk cache (what `warm` and `prewarm` compute).
+    fn persistent(&self) -> bool {
+        false
+    }
+    /// Chunks of one warm group are computed by one job (siblings): warming any one of them
+    /// warms them all, so a warm-up asks for each group once.
+    fn warm_group(&self, id: u64) -> u64 {
+        id
+    }
+    /// Make sure chunk `id` (and its warm group) is in the disk cache, computing it at
+    /// `prio` if it is not.
+    fn warm(&self, _id: u64, _prio: Priority) -> Result<Warmed, ViewError> {
+        Ok(Warmed::Present)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -149,6 +170,10 @@ impl ChunkSource for Lazy {
         }
         Ok(self.done.get_or_init(|| bytes.into()).clone())
     }
+
+    fn ready(&self, _id: u64) -> bool {
+        self.done.get().is_some()
+    }
 }
 
 impl VirtualFile {
@@ -173,6 +198,23 @@ impl VirtualFile {
     /// pages are the only cache it needs.
     pub fn is_identity(&self) -> bool {
         !self.extents.iter().any(|(_, e)| matches!(e, Extent::Computed { .. }))
+    }
+
+    /// Whether `len` bytes at `offset` are served without waiting for a chunk to be loaded
+    /// or computed (literal, zero and source bytes, chunks in memory).
+    pub fn ready(&self, offset: u64, len: u64) -> bool {
+        if offset >= self.size || len == 0 {
+            return true;
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        let first = self.extents.partition_point(|(start, _)| *start <= offset) - 1;
+        self.extents[first..]
+            .iter()
+            .take_while(|(start, _)| *start < end)
+            .all(|(_, e)| match e {
+                Extent::Computed { source, id, .. } => source.ready(*id),
+                _ => true,
+            })
     }
 
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).

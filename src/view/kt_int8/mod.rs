@@ -7,8 +7,11 @@
 //! `layers.L.ffn.experts.E.w{1,3,2}`), GGUF `blk.L.ffn_{gate,up,down}_exps.weight` of any
 //! supported type, or Hugging Face style `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`
 //! (BF16/F16/F32). Each (layer, expert, projection) is decoded once to f32 and every NUMA
-//! part's quant and scale file is computed from it (per-row INT8, VNNI packing), through the
-//! chunk cache. The manifest's digests are computed on first read and remembered.
+//! part's quant and scale file is computed from it (per-row INT8, VNNI packing; rows in
+//! parallel), as sibling parts of one job through the tiers (memory, the disk cache, the
+//! compute pool), keyed by the matrix's source bytes (file identity, offsets, type), the
+//! tensor, projection, dimensions and NUMA count. The manifest's digests are computed on
+//! first read and remembered.
 
 pub mod tree;
 pub mod validate;
@@ -19,8 +22,9 @@ use std::sync::Arc;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
-use super::cache::ChunkCache;
+use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
+use super::disk_cache::{source_file_keys, KeyBuilder, ProducerKey};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};
@@ -44,23 +48,39 @@ enum Matrix {
     Dense { f: Arc<SourceFile>, off: u64, dtype: Dtype },
 }
 
+/// Rows decoded (and quantised) per parallel piece.
+const PIECE_ROWS: usize = 16;
+
 impl Matrix {
+    /// The matrix as f32, decoded in pieces of rows in parallel (on the pool of the job
+    /// that calls it).
     fn decode(&self, n: usize, k: usize, name: &str) -> Result<Vec<f32>, ViewError> {
+        use rayon::prelude::*;
         let content = |rule: String| ViewError::Content { tensor: name.to_string(), rule };
         let codec_err = |e| ViewError::Codec { tensor: name.to_string(), source: e };
         let mut out = vec![0f32; n * k];
+        let rows_out = PIECE_ROWS * k;
         match self {
             Matrix::Mxfp4 { w, w_off, s, s_off } => {
                 let mut packed = vec![0u8; n * k / 2];
                 w.read_exact_at(&mut packed, *w_off)?;
                 let mut scales = vec![0u8; n * k / 32];
                 s.read_exact_at(&mut scales, *s_off)?;
-                codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).map_err(codec_err)?;
+                packed
+                    .par_chunks(rows_out / 2)
+                    .zip(scales.par_chunks(rows_out / 32))
+                    .zip(out.par_chunks_mut(rows_out))
+                    .try_for_each(|((p, s), o)| codec::mxfp4::dequantize_deepseek(p, s, k, o))
+                    .map_err(codec_err)?;
             }
             Matrix::Ggml { f, off, nbytes, ty } => {
                 let mut b = vec![0u8; *nbytes as usize];
                 f.read_exact_at(&mut b, *off)?;
-                codec::dequantize(*ty, &b, &mut out).map_err(codec_err)?;
+                let row_bytes = b.len() / n.max(1);
+                b.par_chunks((PIECE_ROWS * row_bytes).max(1))
+                    .zip(out.par_chunks_mut(rows_out))
+                    .try_for_each(|(b, o)| codec::dequantize(*ty, b, o))
+                    .map_err(codec_err)?;
             }
             Matrix::Dense { f, off, dtype } => {
                 let size = match dtype {
@@ -69,17 +89,30 @@ impl Matrix {
                 };
                 let mut b = vec![0u8; n * k * size];
                 f.read_exact_at(&mut b, *off)?;
-                match dtype {
-                    Dtype::F32 => codec::float::f32_to_f32(&b, &mut out),
-                    Dtype::F16 => codec::float::f16_to_f32(&b, &mut out),
-                    _ => codec::float::bf16_to_f32(&b, &mut out),
-                }
+                b.par_chunks(rows_out * size).zip(out.par_chunks_mut(rows_out)).for_each(|(b, o)| match dtype {
+                    Dtype::F32 => codec::float::f32_to_f32(b, o),
+                    Dtype::F16 => codec::float::f16_to_f32(b, o),
+                    _ => codec::float::bf16_to_f32(b, o),
+                });
             }
         }
-        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+        if let Some(i) = out.par_iter().position_first(|v| !v.is_finite()) {
             return Err(content(format!("non-finite weight at element {i}")));
         }
         Ok(out)
+    }
+
+    /// What the matrix's bytes are, for disk-cache keys (`file_keys`: the identity of each
+    /// of `files`).
+    fn key(&self, key: KeyBuilder, files: &[Arc<SourceFile>], file_keys: &[String]) -> KeyBuilder {
+        let file = |f: &Arc<SourceFile>| files.iter().position(|g| Arc::ptr_eq(f, g)).map_or("", |i| file_keys[i].as_str()).to_string();
+        match self {
+            Matrix::Mxfp4 { w, w_off, s, s_off } => {
+                key.field("matrix", "mxfp4").field("weight_file", file(w)).u64("weight_offset", *w_off).field("scale_file", file(s)).u64("scale_offset", *s_off)
+            }
+            Matrix::Ggml { f, off, nbytes, ty } => key.field("matrix", "ggml").field("file", file(f)).u64("offset", *off).u64("nbytes", *nbytes).field("type", ty.name),
+            Matrix::Dense { f, off, dtype } => key.field("matrix", "dense").field("file", file(f)).u64("offset", *off).field("dtype", format!("{dtype:?}")),
+        }
     }
 }
 
@@ -323,64 +356,91 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
     Ok(Experts { decode, experts: experts as usize, hidden: hidden as usize, inter: inter as usize, mats })
 }
 
-/// One (layer, expert, projection): all NUMA parts' quant and scale files.
-struct Int8Chunks {
+/// One (layer, expert, projection): all NUMA parts' quant and scale files, computed together
+/// (one decode of the matrix) as sibling parts of one job through the tiers.
+struct Int8Inner {
     name: String,
     matrix: Matrix,
     proj: usize,
     hidden: usize,
     inter: usize,
     numa: usize,
-    cache: Arc<ChunkCache>,
+    tiers: Arc<Tiers>,
     id: u64,
+    key: ProducerKey,
 }
 
-impl std::fmt::Debug for Int8Chunks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Int8Chunks({})", self.name)
+impl Int8Inner {
+    /// Part `i` (2 x NUMA part + 0 for quant, 1 for scale): its length.
+    fn part_len(&self, i: usize) -> u64 {
+        let il = self.inter / self.numa;
+        (match (self.proj, i % 2) {
+            (_, 0) => self.hidden * il,
+            (2, _) => 4 * self.hidden,
+            _ => 4 * il,
+        }) as u64
     }
-}
 
-impl Int8Chunks {
+    /// Every part: the matrix decoded once, then each NUMA part quantised to per-row INT8 and
+    /// packed (the codec calls of this view; rows in parallel).
     fn compute_all(&self) -> Result<Vec<Arc<[u8]>>, ViewError> {
+        use rayon::prelude::*;
         let (rows, cols) = if self.proj == 2 { (self.hidden, self.inter) } else { (self.inter, self.hidden) };
         let w = self.matrix.decode(rows, cols, &self.name)?;
-        use rayon::prelude::*;
-        let parts: Vec<Result<(Arc<[u8]>, Arc<[u8]>), ViewError>> = (0..self.numa).into_par_iter().map(|part| {
+        let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
+        let mut out = Vec::with_capacity(2 * self.numa);
+        for part in 0..self.numa {
             let (sub, n, k) = if self.proj == 2 {
                 (kt_int8::numa_split_cols(&w, rows, cols, part, self.numa), self.hidden, self.inter / self.numa)
             } else {
                 (kt_int8::numa_split_rows(&w, rows, cols, part, self.numa), self.inter / self.numa, self.hidden)
             };
-            let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
             let sub = sub.map_err(codec_err)?;
             let (mut q, mut d) = (vec![0i8; n * k], vec![0f32; n]);
-            kt_int8::quantize(&sub, n, k, &mut q, &mut d).map_err(codec_err)?;
+            sub.par_chunks(PIECE_ROWS * k)
+                .zip(q.par_chunks_mut(PIECE_ROWS * k))
+                .zip(d.par_chunks_mut(PIECE_ROWS))
+                .try_for_each(|((w, q), d)| kt_int8::quantize(w, d.len(), k, q, d))
+                .map_err(codec_err)?;
             let mut packed = vec![0u8; n * k];
             kt_int8::pack(&q, n, k, &mut packed).map_err(codec_err)?;
-            Ok((Arc::from(packed), Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())))
-        }).collect();
-        let mut out = Vec::with_capacity(2 * self.numa);
-        for p in parts {
-            let (q, s) = p?;
-            out.push(q);
-            out.push(s);
+            out.push(Arc::from(packed));
+            out.push(Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()));
         }
         Ok(out)
+    }
+
+    fn group(self: &Arc<Self>) -> Arc<Group> {
+        let me = self.clone();
+        let parts = (0..2 * self.numa as u64).map(|i| ((self.id, i), self.key.chunk(i))).collect();
+        Arc::new(Group::siblings(self.key.group(), parts, move || me.compute_all()))
+    }
+}
+
+struct Int8Chunks(Arc<Int8Inner>);
+
+impl std::fmt::Debug for Int8Chunks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Int8Chunks({})", self.0.name)
     }
 }
 
 impl ChunkSource for Int8Chunks {
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.cache.get_or_compute((self.id, id), || {
-            let all = self.compute_all()?;
-            for (i, v) in all.iter().enumerate() {
-                if i as u64 != id {
-                    self.cache.put((self.id, i as u64), v.clone());
-                }
-            }
-            Ok(all[id as usize].clone())
-        })
+        self.0.tiers.get(&self.0.group(), id as usize, Priority::Read)
+    }
+    fn ready(&self, id: u64) -> bool {
+        self.0.tiers.in_memory(&(self.0.id, id))
+    }
+    fn persistent(&self) -> bool {
+        true
+    }
+    fn warm_group(&self, _id: u64) -> u64 {
+        0
+    }
+    fn warm(&self, _id: u64, prio: Priority) -> Result<Warmed, ViewError> {
+        let lens: Vec<u64> = (0..2 * self.0.numa).map(|i| self.0.part_len(i)).collect();
+        self.0.tiers.warm(&self.0.group(), &lens, prio)
     }
 }
 
@@ -439,7 +499,8 @@ pub fn verify_written_tree(out: &std::path::Path, written: &std::collections::Ha
 /// Build the view: the experts and their dimensions, the tree of quant and scale files, the
 /// manifest.
 pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree, ViewError> {
-    let cache = &ctx.cache;
+    let tiers = &ctx.tiers;
+    let file_keys = source_file_keys(&source.files);
     let ex = find_experts(source)?;
     let (h, i, e) = (ex.hidden, ex.inter, ex.experts);
     if numa == 0 || i % numa != 0 {
@@ -460,14 +521,18 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
         for (r, proj) in PROJS.iter().enumerate() {
             for x in 0..e {
                 let (m, name) = ex.mats[&(l, x, r)].clone();
-                let src = Arc::new(Int8Chunks { name, matrix: m, proj: r, hidden: h, inter: i, numa, id: cache.producer_id(), cache: cache.clone() });
+                let key = m
+                    .key(KeyBuilder::new(VIEW), &source.files, &file_keys)
+                    .field("tensor", &name)
+                    .u64("proj", r as u64)
+                    .u64("hidden", h as u64)
+                    .u64("inter", i as u64)
+                    .u64("numa", numa as u64)
+                    .producer();
+                let src = Arc::new(Int8Chunks(Arc::new(Int8Inner { name, matrix: m, proj: r, hidden: h, inter: i, numa, id: tiers.mem.producer_id(), tiers: tiers.clone(), key })));
                 for (n, files_n) in per_numa.iter_mut().enumerate() {
                     for (kind_i, kind) in ["quant", "scale"].iter().enumerate() {
-                        let size = match (r, *kind) {
-                            (_, "quant") => h * il,
-                            (2, _) => 4 * h,
-                            _ => 4 * il,
-                        };
+                        let size = src.0.part_len(2 * n + kind_i);
                         let fname = format!("INT8_{proj}_{x}_{size}Byte_{kind}_.kt");
                         let mut f = VirtualFile::new();
                         f.push(Extent::Computed { source: src.clone(), id: (2 * n + kind_i) as u64, len: size as u64 });

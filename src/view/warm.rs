@@ -1,0 +1,126 @@
+//! Computing a view's chunks ahead into the disk cache: `xpackfs warm` (all cores, at read
+//! priority or niced) and a mount's `prewarm=on` (the background pool, yielding to reads)
+//! both run [`run`] over the items [`plan`] lists.
+//!
+//! Resumable by construction: an item whose chunks are on disk already is found by a
+//! presence check (size, no read) and skipped, so an interrupted warm-up continues where it
+//! stopped. Chunks computed by one job (kt-int8's sibling files) are one item, asked for
+//! once: no thread of the pool ever waits for a job it is itself running.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rayon::prelude::*;
+
+use super::compute::{Priority, Tiers, Warmed};
+use super::disk_cache::HEADER_BYTES;
+use super::{ChunkSource, Extent, VirtualFile};
+
+/// One job's worth of chunks to warm.
+pub struct Item {
+    /// The view file it was found in (for messages).
+    pub file: String,
+    pub source: Arc<dyn ChunkSource>,
+    pub id: u64,
+    /// Bytes of the chunks it stands for (a sibling group counts every file it computes).
+    pub bytes: u64,
+    /// Disk-cache entries it stands for.
+    pub entries: u64,
+}
+
+/// The persistent computed chunks of `files`, one item per warm group, in file order.
+pub fn plan(files: &[(String, Arc<VirtualFile>)]) -> Vec<Item> {
+    let mut items: Vec<Item> = Vec::new();
+    let mut seen: std::collections::HashMap<(usize, u64), usize> = std::collections::HashMap::new();
+    for (name, f) in files {
+        for (_, e) in f.extents() {
+            let Extent::Computed { source, id, len } = e else { continue };
+            if !source.persistent() {
+                continue;
+            }
+            let unit = (Arc::as_ptr(source) as *const () as usize, source.warm_group(*id));
+            match seen.get(&unit) {
+                Some(&i) => {
+                    items[i].bytes += len;
+                    items[i].entries += 1;
+                }
+                None => {
+                    seen.insert(unit, items.len());
+                    items.push(Item { file: name.clone(), source: source.clone(), id: *id, bytes: *len, entries: 1 });
+                }
+            }
+        }
+    }
+    items
+}
+
+/// Disk-cache bytes the items take (entries with their headers).
+pub fn disk_bytes(items: &[Item]) -> u64 {
+    items.iter().map(|i| i.bytes + i.entries * HEADER_BYTES).sum()
+}
+
+/// Counters of a warm-up in progress (read by a progress bar).
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes of the items done (present, computed or failed).
+    pub bytes: AtomicU64,
+    pub present: AtomicU64,
+    pub computed: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// What a warm-up did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub items: u64,
+    pub bytes: u64,
+    pub present: u64,
+    pub computed: u64,
+    pub failed: u64,
+    /// The first failures (file: error), each also logged.
+    pub errors: Vec<String>,
+    pub seconds: f64,
+}
+
+const ERRORS_KEPT: usize = 20;
+
+/// Warm every item on the pool at `prio` (all its threads), counting into `progress`. A
+/// failing item (content the view refuses, an I/O error) is logged and counted, and the
+/// others go on.
+pub fn run(tiers: &Tiers, items: &[Item], prio: Priority, progress: &Progress) -> Report {
+    let started = Instant::now();
+    let errors = Mutex::new(Vec::new());
+    let failed_files = Mutex::new(HashSet::new());
+    tiers.pool.install(prio, || {
+        items.par_iter().for_each(|item| {
+            match item.source.warm(item.id, prio) {
+                Ok(Warmed::Present) => progress.present.fetch_add(1, Relaxed),
+                Ok(Warmed::Computed) => progress.computed.fetch_add(1, Relaxed),
+                Err(e) => {
+                    // One line per file: its other chunks fail the same way.
+                    if failed_files.lock().insert(item.file.clone()) {
+                        tracing::warn!("warm: {}: {e}", item.file);
+                    }
+                    let mut errs = errors.lock();
+                    if errs.len() < ERRORS_KEPT {
+                        errs.push(format!("{}: {e}", item.file));
+                    }
+                    progress.failed.fetch_add(1, Relaxed)
+                }
+            };
+            progress.bytes.fetch_add(item.bytes, Relaxed);
+        })
+    });
+    Report {
+        items: items.len() as u64,
+        bytes: items.iter().map(|i| i.bytes).sum(),
+        present: progress.present.load(Relaxed),
+        computed: progress.computed.load(Relaxed),
+        failed: progress.failed.load(Relaxed),
+        errors: errors.into_inner(),
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
