@@ -218,6 +218,20 @@ impl Fs {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_identity())
     }
 
+    /// Whether a read of `len` bytes at `offset` is served without waiting for a chunk to be
+    /// loaded or computed (status files, literal and source bytes, chunks in memory).
+    pub fn ready(&self, ino: Ino, offset: u64, len: u64) -> bool {
+        match self.tree.get(ino).map(|n| &n.kind) {
+            Some(NodeKind::File(f)) => f.ready(offset, len),
+            _ => true,
+        }
+    }
+
+    /// Whether any file has computed chunks (reads that may wait).
+    pub fn has_computed(&self) -> bool {
+        self.tree.vfiles().any(|f| !f.is_identity())
+    }
+
     /// For a file that is a whole source file: that file, checked now to be unchanged (so a
     /// FUSE passthrough open hands the kernel only the inode that was validated, unchanged).
     /// `Ok(None)` for every other file.

@@ -1,5 +1,8 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
-//! errno. No filesystem logic lives here.
+//! errno. No filesystem logic lives here. A read that would wait for a chunk (not in memory:
+//! loaded from the disk cache or computed) is answered from a pool of waiting threads
+//! ([`waiting_pool`]), so the FUSE workers stay free for metadata, status files and bytes
+//! that are ready while every core computes.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -30,6 +33,29 @@ pub struct FuseAdapter {
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
     pub passthrough_files: bool,
     pub mount_path: std::path::PathBuf,
+    /// Where reads that wait for a chunk are served (see [`waiting_pool`]); `None`: on the
+    /// FUSE worker.
+    pub waiting: Option<Arc<rayon::ThreadPool>>,
+}
+
+/// Threads that serve reads waiting for chunks: they only wait (the compute pool computes),
+/// so there are enough of them for every read the kernel keeps in flight (max_background
+/// readahead requests plus the clients' own reads); more queue here, not on the workers.
+pub const WAITING_THREADS: usize = 32;
+
+/// The pool for [`FuseAdapter::waiting`].
+pub fn waiting_pool() -> std::io::Result<Arc<rayon::ThreadPool>> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(WAITING_THREADS).thread_name(|i| format!("xpackfs-wait-{i}")).build();
+    Ok(Arc::new(pool.map_err(std::io::Error::other)?))
+}
+
+/// A read answered on a waiting thread (its own buffer; the same guard as every callback).
+fn read_waiting(fs: &Fs, ino: u64, fh: u64, offset: u64, size: u32, reply: ReplyData) {
+    let mut buf = vec![0u8; size as usize];
+    match guarded("read", || fs.read(ino, fh, offset, &mut buf)) {
+        Ok(n) => reply.data(&buf[..n]),
+        Err(e) => reply.error(e),
+    }
 }
 
 /// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are
@@ -236,6 +262,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
+        if let Some(pool) = &self.waiting
+            && !self.fs.ready(ino.0, offset, size.into())
+        {
+            let fs = self.fs.clone();
+            return pool.spawn(move || read_waiting(&fs, ino.0, fh.0, offset, size, reply));
+        }
         // Each worker thread keeps one buffer, zeroed once and grown to the largest request:
         // no allocation and no memset per read (the view overwrites what it returns).
         thread_local! {

@@ -152,6 +152,7 @@ pub fn mount(
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),
+        waiting: if fs.has_computed() { Some(fuse::waiting_pool().map_err(MountError::Session)?) } else { None },
     };
 
     let mut config = Config::default();
