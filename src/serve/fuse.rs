@@ -1,7 +1,7 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
 //! errno. No filesystem logic lives here. A read that would wait for a chunk (not in memory:
 //! loaded from the disk cache or computed) is answered from a pool of waiting threads
-//! ([`waiting_pool`]), so the FUSE workers stay free for metadata, status files and bytes
+//! ([`super::waiting`]), so the FUSE workers stay free for metadata, status files and bytes
 //! that are ready while every core computes.
 
 use std::collections::HashMap;
@@ -33,29 +33,26 @@ pub struct FuseAdapter {
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
     pub passthrough_files: bool,
     pub mount_path: std::path::PathBuf,
-    /// Where reads that wait for a chunk are served (see [`waiting_pool`]); `None`: on the
-    /// FUSE worker.
-    pub waiting: Option<Arc<rayon::ThreadPool>>,
+    /// Where reads that wait for a chunk are served; `None`: on the FUSE worker.
+    pub waiting: Option<Arc<super::waiting::WaitingPool>>,
 }
 
-/// Threads that serve reads waiting for chunks: they only wait (the compute pool computes),
-/// so there are enough of them for every read the kernel keeps in flight (max_background
-/// readahead requests plus the clients' own reads); more queue here, not on the workers.
-pub const WAITING_THREADS: usize = 32;
-
-/// The pool for [`FuseAdapter::waiting`].
-pub fn waiting_pool() -> std::io::Result<Arc<rayon::ThreadPool>> {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(WAITING_THREADS).thread_name(|i| format!("xpackfs-wait-{i}")).build();
-    Ok(Arc::new(pool.map_err(std::io::Error::other)?))
-}
-
-/// A read answered on a waiting thread (its own buffer; the same guard as every callback).
+/// A read answered on a waiting thread (a buffer of its own, kept like a worker's; the same
+/// guard as every callback).
 fn read_waiting(fs: &Fs, ino: u64, fh: u64, offset: u64, size: u32, reply: ReplyData) {
-    let mut buf = vec![0u8; size as usize];
-    match guarded("read", || fs.read(ino, fh, offset, &mut buf)) {
-        Ok(n) => reply.data(&buf[..n]),
-        Err(e) => reply.error(e),
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    BUF.with_borrow_mut(|buf| {
+        if buf.len() < size as usize {
+            buf.resize(size as usize, 0);
+        }
+        let buf = &mut buf[..size as usize];
+        match guarded("read", || fs.read(ino, fh, offset, buf)) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(e),
+        }
+    })
 }
 
 /// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are

@@ -1,5 +1,6 @@
 //! Serving a built view over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
-//! adapter (`fuse`), serving options (`options`) and process plumbing (`daemon`). This layer
+//! adapter (`fuse`), the threads reads that wait for chunks are served on (`waiting`),
+//! serving options (`options`) and process plumbing (`daemon`). This layer
 //! knows views only as a [`Built`] tree and the chunk [`Tiers`] it computes through (their
 //! counters go to `/.xpackfs/stats.json`; `prewarm=on` starts a background warm-up of the
 //! disk cache once the mount is live); which view and how it was built is `view`'s business.
@@ -8,6 +9,7 @@ pub mod daemon;
 pub mod fs;
 pub mod fuse;
 pub mod options;
+pub mod waiting;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -73,6 +75,10 @@ pub fn ownership_of(path: &Path) -> std::io::Result<Ownership> {
 fn fd_mountpoint(mountpoint: &str) -> Option<i32> {
     mountpoint.strip_prefix("/dev/fd/")?.parse().ok()
 }
+
+/// Threads that serve reads waiting for chunks ([`waiting`]): one per read the kernel may
+/// keep in flight (up to 16 readahead requests by default, plus the clients' own reads).
+const WAITING_THREADS: usize = 32;
 
 /// `major:minor` of the filesystem mounted at `mountpoint`, from /proc/self/mountinfo
 /// (a `stat` of the mountpoint would send a FUSE request before the session runs).
@@ -152,7 +158,7 @@ pub fn mount(
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),
-        waiting: if fs.has_computed() { Some(fuse::waiting_pool().map_err(MountError::Session)?) } else { None },
+        waiting: if fs.has_computed() { Some(Arc::new(waiting::WaitingPool::new(WAITING_THREADS).map_err(MountError::Session)?)) } else { None },
     };
 
     let mut config = Config::default();

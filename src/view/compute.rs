@@ -475,6 +475,7 @@ pub struct Tiers {
     /// Groups queued or running as prefetches (a sequential reader asks for the next chunk
     /// on every read of the current one: asked once).
     prefetching: Mutex<HashSet<DiskKey>>,
+    pub prefetch_requested: AtomicU64,
     pub prefetch_dropped: AtomicU64,
 }
 
@@ -501,14 +502,16 @@ pub struct ComputeSnapshot {
     pub wasted: u64,
     pub failed: u64,
     pub panics: u64,
+    /// Prefetches queued or running now, asked for in all, and dropped (queue full).
     pub prefetch_queued: usize,
+    pub prefetch_requested: u64,
     pub prefetch_dropped: u64,
 }
 
 impl Tiers {
     pub fn new(mem: Arc<ChunkCache>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<ViewError>>) -> Arc<Tiers> {
         let (tx, rx) = sync_channel::<(Arc<Group>, usize)>(PREFETCH_QUEUE);
-        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_dropped: AtomicU64::new(0) });
+        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
@@ -604,6 +607,7 @@ impl Tiers {
         if self.mem.peek(mem_key) || !self.prefetching.lock().insert(group.key) {
             return;
         }
+        self.prefetch_requested.fetch_add(1, Relaxed);
         if self.prefetch.try_send((group.clone(), idx)).is_err() {
             self.prefetching.lock().remove(&group.key);
             self.prefetch_dropped.fetch_add(1, Relaxed);
@@ -638,6 +642,7 @@ impl Tiers {
             failed: s.failed.load(Relaxed),
             panics: s.panics.load(Relaxed),
             prefetch_queued: self.prefetching.lock().len(),
+            prefetch_requested: self.prefetch_requested.load(Relaxed),
             prefetch_dropped: self.prefetch_dropped.load(Relaxed),
         }
     }

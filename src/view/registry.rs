@@ -111,7 +111,12 @@ pub enum Input {
 }
 
 impl Input {
+    /// The input at `path`, opened under its canonical path: the identity of source files
+    /// (which disk-cache and digest-store keys hold) is the same whichever spelling of the
+    /// path a command was given (relative, through a symlink).
     pub fn open(path: &Path) -> Result<Input, ViewError> {
+        let canonical = std::fs::canonicalize(path);
+        let path = canonical.as_deref().unwrap_or(path);
         if kt_int8::tree::is_int8_tree(path) {
             Ok(Input::Int8Tree(path.to_path_buf()))
         } else {

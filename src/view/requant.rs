@@ -10,8 +10,8 @@
 //! are the seed's compact JSON in (source offset, name) order, padded with spaces.
 //!
 //! Quantised tensors are computed in chunks of whole rows through the tiers (memory, the
-//! disk cache, the compute pool), each chunk in parallel over rows on the pool; reading
-//! chunk i prefetches chunk i+1. A chunk's disk-cache key holds everything its bytes depend
+//! disk cache, the compute pool), each chunk in parallel over rows on the pool; a read
+//! prefetches the chunks that follow it in the shard (up to 4 MiB, across tensors). A chunk's disk-cache key holds everything its bytes depend
 //! on: the identity of the weight and scale files, the tensor, offsets, shape, ggml type,
 //! chunking and importance row (so another recipe never meets old entries). Manifests
 //! hold every tensor's sha256: their sizes are known up front, their bytes are computed on
@@ -156,7 +156,13 @@ struct QuantInner {
     id: u64,
     /// Disk-cache key of this tensor's chunks: everything their bytes depend on.
     key: ProducerKey,
+    /// The next quantised tensor of the shard file, for reading ahead across tensors.
+    next: std::sync::OnceLock<Arc<QuantInner>>,
 }
+
+/// How far a read prefetches ahead of itself (chunks of this and the following tensors of
+/// the shard): enough to keep a few disk-cache loads in flight for a sequential reader.
+const AHEAD_BYTES: u64 = 4 << 20;
 
 impl QuantInner {
     fn chunks(&self) -> u64 {
@@ -199,11 +205,26 @@ impl QuantInner {
 
     fn get(self: &Arc<Self>, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let v = self.tiers.get(&self.group(id), 0, Priority::Read)?;
-        // Sequential readers: the next chunk in the background.
-        if id + 1 < self.chunks() && !self.tiers.in_memory(&(self.id, id + 1)) {
-            self.tiers.prefetch(&self.group(id + 1), 0);
-        }
+        self.read_ahead(id);
         Ok(v)
+    }
+
+    /// Sequential readers: the chunks that follow `id` in the shard, up to [`AHEAD_BYTES`],
+    /// into memory in the background (computed, or loaded from the disk cache).
+    fn read_ahead(self: &Arc<Self>, id: u64) {
+        let (mut t, mut c, mut ahead) = (self.clone(), id + 1, 0);
+        while ahead < AHEAD_BYTES {
+            if c >= t.chunks() {
+                let Some(n) = t.next.get().cloned() else { return };
+                (t, c) = (n, 0);
+                continue;
+            }
+            if !t.tiers.in_memory(&(t.id, c)) {
+                t.tiers.prefetch(&t.group(c), 0);
+            }
+            ahead += t.chunk_len(c);
+            c += 1;
+        }
     }
 }
 
@@ -501,6 +522,7 @@ impl Shard<'_> {
         }
         let mut f = VirtualFile::new();
         f.push(Extent::Bytes(seed_header(&entries).into()));
+        let mut last: Option<Arc<QuantInner>> = None;
         for &m in &members {
             let p = &planned[m];
             let t = &source.tensors[p.tensor];
@@ -539,7 +561,11 @@ impl Shard<'_> {
                         id: tiers.mem.producer_id(),
                         tiers: tiers.clone(),
                         key,
+                        next: std::sync::OnceLock::new(),
                     });
+                    if let Some(prev) = last.replace(inner.clone()) {
+                        let _ = prev.next.set(inner.clone());
+                    }
                     let src = Arc::new(QuantChunks(inner.clone()));
                     for c in 0..inner.chunks() {
                         f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
