@@ -13,7 +13,8 @@ xpackfs/source (medians of --rounds runs, the three targets interleaved). Then: 
 sequential reads by mount readahead (both FUSE mounts), xpackfs levers (threads, clone_fd,
 max_read), mount start-up time and daemon RSS (also for a full-size sparse GGUF with
 --full-size), and the computed views against their peers (tools/bench_bf16.py,
-bench_int8.py, and bench_requant.py when XPACKFS_GGML_LIB is set).
+bench_int8.py, bench_disk_cache.py: the disk cache and responsiveness while computing, and
+bench_requant.py when XPACKFS_GGML_LIB is set).
 """
 from __future__ import annotations
 
@@ -345,7 +346,7 @@ def full_size(a, path: Path) -> None:
 def computed_views(a) -> None:
     """The computed views against their peers, cold and warm (each tool prints its own lines)."""
     print("\ncomputed views (same cores; peers: numpy implementations of the same conversion, the fourth seed)")
-    runs = [["tools/bench_bf16.py"], ["tools/bench_int8.py"]]
+    runs = [["tools/bench_bf16.py"], ["tools/bench_int8.py"], ["tools/bench_disk_cache.py", "--rounds", str(a.rounds)]]
     if os.environ.get("XPACKFS_GGML_LIB"):
         runs.append(["tools/bench_requant.py"])
     else:
