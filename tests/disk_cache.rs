@@ -16,12 +16,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn ggml_lib() -> String {
-    std::env::var("XPACKFS_GGML_LIB").unwrap_or_else(|_| {
-        panic!("XPACKFS_GGML_LIB is not set: build the reference with `bash tools/build_ggml_ref.sh` and export its output (tools/test.sh does)")
-    })
-}
-
 /// The small V4.1 checkpoint of the requant tests (24 quantised chunks).
 fn v41(dir: &Path, extra: &[&str]) -> PathBuf {
     run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(extra));

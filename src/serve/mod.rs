@@ -229,6 +229,10 @@ fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc
         tracing::warn!("prewarm=on needs a disk cache (disk_cache=DIR): not prewarming");
         return;
     };
+    if disk.mode() != crate::view::disk_cache::Mode::ReadWrite {
+        tracing::warn!("prewarm=on: the disk cache {} is {}: not prewarming", disk.config().dir.display(), disk.mode().name());
+        return;
+    }
     let spawned = std::thread::Builder::new().name("xpackfs-prewarm".into()).spawn(move || {
         let items = warm::plan(&files);
         let need = warm::disk_bytes(&items);

@@ -156,8 +156,9 @@ struct QuantInner {
     id: u64,
     /// Disk-cache key of this tensor's chunks: everything their bytes depend on.
     key: ProducerKey,
-    /// The next quantised tensor of the shard file, for reading ahead across tensors.
-    next: std::sync::OnceLock<Arc<QuantInner>>,
+    /// The next quantised tensor of the shard file, for reading ahead across tensors (weak:
+    /// the file's extents own the tensors).
+    next: std::sync::OnceLock<std::sync::Weak<QuantInner>>,
 }
 
 /// How far a read prefetches ahead of itself (chunks of this and the following tensors of
@@ -215,7 +216,7 @@ impl QuantInner {
         let (mut t, mut c, mut ahead) = (self.clone(), id + 1, 0);
         while ahead < AHEAD_BYTES {
             if c >= t.chunks() {
-                let Some(n) = t.next.get().cloned() else { return };
+                let Some(n) = t.next.get().and_then(std::sync::Weak::upgrade) else { return };
                 (t, c) = (n, 0);
                 continue;
             }
@@ -564,7 +565,7 @@ impl Shard<'_> {
                         next: std::sync::OnceLock::new(),
                     });
                     if let Some(prev) = last.replace(inner.clone()) {
-                        let _ = prev.next.set(inner.clone());
+                        let _ = prev.next.set(Arc::downgrade(&inner));
                     }
                     let src = Arc::new(QuantChunks(inner.clone()));
                     for c in 0..inner.chunks() {

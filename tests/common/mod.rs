@@ -25,6 +25,13 @@ pub fn shared() -> PathBuf {
     p
 }
 
+/// The reference ggml library the requant tests run the fourth seed with.
+pub fn ggml_lib() -> String {
+    std::env::var("XPACKFS_GGML_LIB").unwrap_or_else(|_| {
+        panic!("XPACKFS_GGML_LIB is not set: build the reference with `bash tools/build_ggml_ref.sh` and export its output (tools/test.sh does)")
+    })
+}
+
 pub fn python() -> Command {
     Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
 }
