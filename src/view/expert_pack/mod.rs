@@ -194,8 +194,8 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
         let Some(ggml_type) = t.dtype.ggml() else {
             return Err(layout_err(format!("{}: the expert pack needs a GGUF source", t.name)));
         };
-        if t.shape.len() != 3 {
-            return Err(layout_err(format!("{}: expected a 3-dimensional expert tensor, shape is {:?}", t.name, t.shape)));
+        if t.shape.len() != 3 || t.shape.contains(&0) {
+            return Err(layout_err(format!("{}: expected a 3-dimensional expert tensor without zero dimensions, shape is {:?}", t.name, t.shape)));
         }
         let e = t.shape[2];
         match num_experts {
@@ -332,16 +332,22 @@ impl ExpertPack {
         let config_raw = parse_hex32("config_sha256", &config)?;
         let source_raw = parse_hex32("source_sha256", &digests.source_sha256)?;
         let top_k = match opts.top_k {
+            Some(k) if k == 0 || k > layout.num_experts => {
+                return Err(option_err("top_k", format!("{k} must be between 1 and the expert count {}", layout.num_experts)));
+            }
             Some(k) => k,
             None => match source.gguf().and_then(|m| m.arch_u64("expert_used_count")) {
-                Some(k) => k.min(u32::MAX as u64) as u32,
+                Some(k) if k == 0 || k > layout.num_experts as u64 => {
+                    return Err(layout_err(format!(
+                        "GGUF metadata expert_used_count is {k}, not between 1 and the expert count {}: give the real value with top_k=N",
+                        layout.num_experts
+                    )));
+                }
+                Some(k) => k as u32,
                 // The seed's default, where the source does not say and it fits.
                 None => 6.min(layout.num_experts),
             },
         };
-        if top_k == 0 || top_k > layout.num_experts {
-            return Err(option_err("top_k", format!("{top_k} must be between 1 and the expert count {}", layout.num_experts)));
-        }
         let header = PackHeader {
             version: VERSION,
             header_bytes: HEADER_BYTES as u32,
