@@ -70,6 +70,8 @@ impl Default for Options {
     }
 }
 
+/// Largest `config_blob` (a model config file).
+pub const MAX_CONFIG_BLOB: u64 = 64 << 20;
 /// Largest `alignment`: every object is padded to it, so the pack grows by up to this much
 /// per object (all zeros, never held in memory).
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
@@ -316,7 +318,7 @@ impl ExpertPack {
         let model_identity_raw = parse_hex32("model_identity_sha256", &model_identity)?;
         let blob_sha = match &opts.config_blob {
             Some(p) => {
-                let bytes = std::fs::read(p).map_err(|e| option_err("config_blob", format!("{}: {e}", p.display())))?;
+                let bytes = crate::fsutil::read_limited(p, MAX_CONFIG_BLOB).map_err(|e| option_err("config_blob", format!("{}: {e}", p.display())))?;
                 Some(digest::sha256_hex(&bytes))
             }
             None => None,
