@@ -291,12 +291,12 @@ fn mount_helper_forms() {
     // The same argv form directly, and the flag form: both give the same files.
     run_ok(Command::new(bin()).arg(sample()).arg(&mnt).arg("-o").arg(format!("top_k=3,digest_store={}", store.path().display())));
     let a = std::fs::read(mnt.join("sample-moe.pack")).unwrap();
-    run_ok(Command::new("umount").arg(&mnt));
+    umount(&mnt);
     wait_until("daemon exit", Duration::from_secs(10), || live_processes_mentioning(&mnt.to_string_lossy()).is_empty());
     run_ok(Command::new(bin()).arg("mount").arg(sample()).arg(&mnt).args(["--top-k", "3", "--digest-store"]).arg(store.path()));
     let b = std::fs::read(mnt.join("sample-moe.pack")).unwrap();
     assert!(a == b);
-    run_ok(Command::new("umount").arg(&mnt));
+    umount(&mnt);
 
     // mount.fuse3 with drop_privileges opens /dev/fuse itself and passes /dev/fd/N.
     wait_until("daemon exit", Duration::from_secs(10), || live_processes_mentioning(&mnt.to_string_lossy()).is_empty());
@@ -311,7 +311,7 @@ fn mount_helper_forms() {
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(mnt.join("sample-moe.pack.manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["pack_path"], mnt.join("sample-moe.pack").to_string_lossy().as_ref());
     assert_eq!(std::fs::read(mnt.join("sample-moe.pack")).unwrap().len(), a.len());
-    run_ok(Command::new("umount").arg(&mnt));
+    umount(&mnt);
 }
 
 #[test]

@@ -42,6 +42,21 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// `umount PATH`, retried briefly while the kernel still holds a handle that was just closed
+/// (FUSE releases are asynchronous: an unmount right after a read can see EBUSY).
+pub fn umount(path: &Path) {
+    for _ in 0..50 {
+        if Command::new("umount").arg(path).stderr(std::process::Stdio::null()).status().unwrap().success() {
+            return;
+        }
+        if mounts_line(path).is_none() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_ok(Command::new("umount").arg(path));
+}
+
 pub fn mounts_line(mountpoint: &Path) -> Option<String> {
     let want = mountpoint.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/mounts").ok()?.lines().find(|l| l.split(' ').nth(1) == Some(&want)).map(str::to_string)
