@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::source::SourceIo;
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +208,11 @@ impl Fs {
 
     /// Read into `buf`; returns the byte count (short only at end of file).
     pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
+        self.read_io(ino, offset, buf, SourceIo::Buffered)
+    }
+
+    /// [`Fs::read`] with source bytes read as `io` says (the handle's source I/O mode).
+    pub fn read_io(&self, ino: Ino, offset: u64, buf: &mut [u8], io: SourceIo) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let f = match &node.kind {
             NodeKind::File(f) => f,
@@ -221,7 +227,7 @@ impl Fs {
         };
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let result = f.read_at(offset, buf);
+        let result = f.read_at_io(offset, buf, io);
         self.stats.record(started.elapsed().as_micros() as u64);
         match result {
             Ok(n) => {

@@ -15,6 +15,28 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::fs::{Attr, Fs, FsError, Kind};
+use crate::source::SourceIo;
+
+/// File-handle bit of handles that read the source with direct I/O (passthrough handles
+/// count up from 1 and never reach it).
+const DIRECT_FH: u64 = 1 << 63;
+
+fn handle_io(fh: FileHandle) -> SourceIo {
+    if fh.0 & DIRECT_FH != 0 { SourceIo::Direct } else { SourceIo::Buffered }
+}
+
+/// The threads that serve reads of direct handles. A direct read holds its thread on the
+/// device for the whole request, so the FUSE worker hands it over and goes back for the
+/// next request: the requests of one client `preadv` (async direct I/O sends them at once)
+/// and of its concurrent readers reach the device together, as a local reader's do, while
+/// page-cache reads stay on the few FUSE workers. `threads == 0`: none (reads on the worker).
+pub fn direct_pool(threads: usize) -> std::io::Result<Option<Arc<rayon::ThreadPool>>> {
+    if threads == 0 {
+        return Ok(None);
+    }
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("xpackfs-dio-{i}")).build();
+    Ok(Some(Arc::new(pool.map_err(std::io::Error::other)?)))
+}
 
 /// Contents never change while mounted, so attributes and entries can be cached long.
 const TTL: Duration = Duration::from_secs(3600);
@@ -27,6 +49,13 @@ pub struct FuseAdapter {
     /// `direct_io` option); cleared in `init` when auto and the kernel cannot mmap them.
     pub direct_io: Option<bool>,
     pub passthrough: Arc<Passthrough>,
+    /// How handles read the source: `None` (auto) as the client opened the file (`O_DIRECT`
+    /// or not), else always this (the `source_io` option).
+    pub source_io: Option<SourceIo>,
+    /// Where reads of direct handles run (see [`direct_pool`]); `None`: on the FUSE worker.
+    pub direct_pool: Option<Arc<rayon::ThreadPool>>,
+    /// Negotiate FUSE_ASYNC_DIO (the `async_dio` option).
+    pub async_dio: bool,
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
     pub passthrough_files: bool,
     pub mount_path: std::path::PathBuf,
@@ -142,6 +171,10 @@ impl Filesystem for FuseAdapter {
                 }
             }
         }
+        // One large O_DIRECT read is sent as concurrent requests, not one after the other.
+        if self.async_dio && config.add_capabilities(InitFlags::FUSE_ASYNC_DIO).is_err() {
+            tracing::info!("the kernel does not offer FUSE_ASYNC_DIO: O_DIRECT reads are sent one request at a time");
+        }
         if let Some(n) = self.max_background {
             let _ = config.set_max_background(n);
         }
@@ -208,16 +241,25 @@ impl Filesystem for FuseAdapter {
                 }
             }
         }
+        // The client's O_DIRECT decides how this handle reads the source (unless overridden).
+        let client_direct = flags.0 & libc::O_DIRECT != 0;
+        let io = self.source_io.unwrap_or(if client_direct { SourceIo::Direct } else { SourceIo::Buffered });
+        let fh = FileHandle(if io == SourceIo::Direct { DIRECT_FH } else { 0 });
         if self.fs.is_dynamic(ino.0) {
             // Status files are generated per read: no page cache.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+            reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
+        } else if client_direct {
+            // The kernel bypasses the page cache for this handle already; without
+            // FOPEN_DIRECT_IO it does so through its direct-I/O path, which sends the
+            // requests of one large read at once (FUSE_ASYNC_DIO) instead of one by one.
+            reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
         } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) {
             // Direct I/O: source bytes are page-cached as the source already; a second copy
             // in the mount's page cache would only cost memory and a slower cold path.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+            reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
         } else {
             // Immutable contents: keep the kernel's page cache across opens.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
         }
     }
 
@@ -226,28 +268,21 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
-        // Each worker thread keeps one buffer, zeroed once and grown to the largest request:
-        // no allocation and no memset per read (the view overwrites what it returns).
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        BUF.with_borrow_mut(|buf| {
-            if buf.len() < size as usize {
-                buf.resize(size as usize, 0);
+        let io = handle_io(fh);
+        match (&self.direct_pool, io) {
+            (Some(pool), SourceIo::Direct) => {
+                let fs = self.fs.clone();
+                pool.spawn(move || serve_read(&fs, ino, offset, size, io, reply));
             }
-            let buf = &mut buf[..size as usize];
-            // A bug must not take a worker thread (and the mount) down: a panic is an EIO.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.fs.read(ino.0, offset, buf)));
-            answer_read(ino, offset, result, buf, reply)
-        })
+            _ => serve_read(&self.fs, ino, offset, size, io, reply),
+        }
     }
 
     fn release(
@@ -312,6 +347,25 @@ impl Filesystem for FuseAdapter {
         let (bytes, files) = self.fs.totals();
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
+}
+
+/// Read and answer one request, on the calling thread.
+fn serve_read(fs: &Fs, ino: INodeNo, offset: u64, size: u32, io: SourceIo, reply: ReplyData) {
+    let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
+    // Each thread keeps one buffer, zeroed once and grown to the largest request: no
+    // allocation and no memset per read (the view overwrites what it returns).
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with_borrow_mut(|buf| {
+        if buf.len() < size as usize {
+            buf.resize(size as usize, 0);
+        }
+        let buf = &mut buf[..size as usize];
+        // A bug must not take a thread (and the mount) down: a panic is an EIO.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.read_io(ino.0, offset, buf, io)));
+        answer_read(ino, offset, result, buf, reply)
+    })
 }
 
 fn answer_read(ino: INodeNo, offset: u64, result: std::thread::Result<Result<usize, FsError>>, buf: &[u8], reply: ReplyData) {

@@ -34,6 +34,9 @@ pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("threads", true, "FUSE worker threads (default: the CPU count, at least 2, at most 8)"),
     ("clone_fd", true, "on|off: one /dev/fuse descriptor per worker thread (default on)"),
     ("direct_io", true, "auto|on|off: reads bypass the kernel's page cache of the mount (FOPEN_DIRECT_IO; mmap keeps working with FUSE_DIRECT_IO_ALLOW_MMAP, kernel 6.6+). auto (default): for files made of source bytes only (the expert pack), whose source is page-cached already: 2-3x faster cold reads and no second copy in memory; computed files keep the page cache"),
+    ("source_io", true, "auto|direct|buffered: how reads of a handle read the source. auto (default): as the client opened the file, so a client reading with O_DIRECT (SGLang's loader) makes the daemon read the source with O_DIRECT too and leaves nothing in the page cache; direct/buffered: every handle"),
+    ("direct_threads", true, "threads that serve the reads of direct (O_DIRECT) handles, so that many reach the device at once while page-cache reads stay on the FUSE workers (default 32; 0: on the FUSE workers)"),
+    ("async_dio", true, "on|off: FUSE_ASYNC_DIO, the kernel sends the requests of one large O_DIRECT read at once (default on)"),
     ("max_background", true, "pending background (readahead) requests the kernel may queue (default: fuser's, 16)"),
     ("max_read", true, "largest read request in bytes, up to 1 MiB (default 1 MiB)"),
     ("read_ahead_kb", true, "kernel readahead of the mount in KiB (default: kernel's)"),
@@ -70,6 +73,10 @@ pub struct MountOptions {
     pub max_background: Option<u16>,
     /// None: auto (identity files only); Some(true/false): every file / none.
     pub direct_io: Option<bool>,
+    /// None: auto (each handle as the client opened it); Some: every handle.
+    pub source_io: Option<crate::source::SourceIo>,
+    pub direct_threads: usize,
+    pub async_dio: bool,
     pub max_read: u32,
     pub read_ahead_kb: Option<u32>,
     pub allow_other: bool,
@@ -97,6 +104,9 @@ impl Default for MountOptions {
             clone_fd: true,
             max_background: None,
             direct_io: None,
+            source_io: None,
+            direct_threads: 32,
+            async_dio: true,
             max_read: 1 << 20,
             read_ahead_kb: None,
             allow_other: false,
@@ -184,6 +194,27 @@ impl MountOptions {
                     "on" | "true" | "1" => Some(true),
                     "off" | "false" | "0" => Some(false),
                     _ => return Err(format!("option direct_io: {v:?} is not auto, on or off")),
+                }
+            }
+            "source_io" => {
+                self.source_io = match v {
+                    "auto" => None,
+                    "direct" => Some(crate::source::SourceIo::Direct),
+                    "buffered" => Some(crate::source::SourceIo::Buffered),
+                    _ => return Err(format!("option source_io: {v:?} is not auto, direct or buffered")),
+                }
+            }
+            "direct_threads" => {
+                self.direct_threads = num(key, v)?;
+                if self.direct_threads > 256 {
+                    return Err("option direct_threads: must be 0..=256".into());
+                }
+            }
+            "async_dio" => {
+                self.async_dio = match v {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("option async_dio: {v:?} is not on or off")),
                 }
             }
             "clone_fd" => {
@@ -305,5 +336,19 @@ mod tests {
         assert!(o.apply_list("top_k").unwrap_err().contains("needs a value"));
         assert!(o.apply_list("source_sha256=abc").unwrap_err().contains("64 hex"));
         assert!(o.apply_list("name=../x").unwrap_err().contains("plain file name"));
+        assert!(o.apply_list("source_io=sideways").unwrap_err().contains("auto, direct or buffered"));
+        assert!(o.apply_list("direct_threads=1000").unwrap_err().contains("0..=256"));
+    }
+
+    #[test]
+    fn source_io_modes() {
+        let mut o = MountOptions::default();
+        assert_eq!((o.source_io, o.async_dio, o.direct_threads), (None, true, 32));
+        o.apply_list("source_io=direct,async_dio=off,direct_threads=0").unwrap();
+        assert_eq!((o.source_io, o.async_dio, o.direct_threads), (Some(crate::source::SourceIo::Direct), false, 0));
+        o.apply_list("source_io=buffered").unwrap();
+        assert_eq!(o.source_io, Some(crate::source::SourceIo::Buffered));
+        o.apply_list("source_io=auto").unwrap();
+        assert_eq!(o.source_io, None);
     }
 }
