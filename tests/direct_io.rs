@@ -125,6 +125,23 @@ fn o_direct_reads_equal_the_pack_for_every_object() {
                 });
             }
         });
+        // Whole-pack O_DIRECT reads of 1 MiB by 4 threads at once (each request read as
+        // parallel pieces by the daemon's direct-read pool).
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (f, expected) = (&f, &expected);
+                s.spawn(move || {
+                    let mut buf = memmap2::MmapMut::map_anon(1 << 20).unwrap();
+                    let mut off = (t << 20) % expected.len() as u64 / 4096 * 4096;
+                    for _ in 0..expected.len().div_ceil(1 << 20) {
+                        let n = f.read_at(&mut buf[..], off).unwrap();
+                        assert_eq!(n, (expected.len() - off as usize).min(1 << 20), "short read at {off}");
+                        assert!(buf[..n] == expected[off as usize..off as usize + n], "1 MiB O_DIRECT read at {off}");
+                        off = (off + n as u64) % expected.len() as u64;
+                    }
+                });
+            }
+        });
         // SGLang's own reader, loader defaults (O_DIRECT, one read per object) and 4 splits.
         for splits in [1, 4] {
             let r = sglang_read(&pack, true, splits);

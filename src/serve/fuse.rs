@@ -1,5 +1,7 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
-//! errno. No filesystem logic lives here.
+//! errno. No filesystem logic lives here; besides translating, it decides per handle how
+//! the source is read (the client's `O_DIRECT`, the `source_io` option) and where direct
+//! reads run (a pool of their own, see [`direct_pool`]).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -54,6 +56,8 @@ pub struct FuseAdapter {
     pub source_io: Option<SourceIo>,
     /// Where reads of direct handles run (see [`direct_pool`]); `None`: on the FUSE worker.
     pub direct_pool: Option<Arc<rayon::ThreadPool>>,
+    /// Direct reads larger than this are read as parallel pieces on the pool (0: whole).
+    pub direct_piece: usize,
     /// Negotiate FUSE_ASYNC_DIO (the `async_dio` option).
     pub async_dio: bool,
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
@@ -279,9 +283,10 @@ impl Filesystem for FuseAdapter {
         match (&self.direct_pool, io) {
             (Some(pool), SourceIo::Direct) => {
                 let fs = self.fs.clone();
-                pool.spawn(move || serve_read(&fs, ino, offset, size, io, reply));
+                let piece = self.direct_piece;
+                pool.spawn(move || serve_read(&fs, ino, offset, size, io, piece, reply));
             }
-            _ => serve_read(&self.fs, ino, offset, size, io, reply),
+            _ => serve_read(&self.fs, ino, offset, size, io, 0, reply),
         }
     }
 
@@ -349,23 +354,25 @@ impl Filesystem for FuseAdapter {
     }
 }
 
-/// Read and answer one request, on the calling thread.
-fn serve_read(fs: &Fs, ino: INodeNo, offset: u64, size: u32, io: SourceIo, reply: ReplyData) {
+/// Read and answer one request, on the calling thread (in pieces of `piece` bytes run on
+/// the current rayon pool, if not 0).
+fn serve_read(fs: &Fs, ino: INodeNo, offset: u64, size: u32, io: SourceIo, piece: usize, reply: ReplyData) {
     let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
     // Each thread keeps one buffer, zeroed once and grown to the largest request: no
-    // allocation and no memset per read (the view overwrites what it returns).
+    // allocation and no memset per read (the view overwrites what it returns). It is taken
+    // out while in use: a pool thread waiting for its pieces may serve another request.
     thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        static BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
     }
-    BUF.with_borrow_mut(|buf| {
-        if buf.len() < size as usize {
-            buf.resize(size as usize, 0);
-        }
-        let buf = &mut buf[..size as usize];
-        // A bug must not take a thread (and the mount) down: a panic is an EIO.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.read_io(ino.0, offset, buf, io)));
-        answer_read(ino, offset, result, buf, reply)
-    })
+    let mut buf = BUF.take();
+    if buf.len() < size as usize {
+        buf.resize(size as usize, 0);
+    }
+    let out = &mut buf[..size as usize];
+    // A bug must not take a thread (and the mount) down: a panic is an EIO.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.read_pieces(ino.0, offset, out, io, piece)));
+    answer_read(ino, offset, result, out, reply);
+    BUF.set(buf);
 }
 
 fn answer_read(ino: INodeNo, offset: u64, result: std::thread::Result<Result<usize, FsError>>, buf: &[u8], reply: ReplyData) {

@@ -133,6 +133,7 @@ pub fn mount(source_path: &Path, mountpoint: &str, mut opts: MountOptions, ready
         source_io: opts.source_io,
         direct_pool: fuse::direct_pool(opts.direct_threads).map_err(|e| format!("direct I/O threads: {e}"))?,
         async_dio: opts.async_dio,
+        direct_piece: opts.direct_piece_kb << 10,
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),

@@ -36,6 +36,7 @@ pub const OPTIONS: &[(&str, bool, &str)] = &[
     ("direct_io", true, "auto|on|off: reads bypass the kernel's page cache of the mount (FOPEN_DIRECT_IO; mmap keeps working with FUSE_DIRECT_IO_ALLOW_MMAP, kernel 6.6+). auto (default): for files made of source bytes only (the expert pack), whose source is page-cached already: 2-3x faster cold reads and no second copy in memory; computed files keep the page cache"),
     ("source_io", true, "auto|direct|buffered: how reads of a handle read the source. auto (default): as the client opened the file, so a client reading with O_DIRECT (SGLang's loader) makes the daemon read the source with O_DIRECT too and leaves nothing in the page cache; direct/buffered: every handle"),
     ("direct_threads", true, "threads that serve the reads of direct (O_DIRECT) handles, so that many reach the device at once while page-cache reads stay on the FUSE workers (default 32; 0: on the FUSE workers)"),
+    ("direct_piece_kb", true, "reads of direct handles larger than this many KiB are read as parallel pieces of it (default 256; 0: whole)"),
     ("async_dio", true, "on|off: FUSE_ASYNC_DIO, the kernel sends the requests of one large O_DIRECT read at once (default on)"),
     ("max_background", true, "pending background (readahead) requests the kernel may queue (default: fuser's, 16)"),
     ("max_read", true, "largest read request in bytes, up to 1 MiB (default 1 MiB)"),
@@ -76,6 +77,7 @@ pub struct MountOptions {
     /// None: auto (each handle as the client opened it); Some: every handle.
     pub source_io: Option<crate::source::SourceIo>,
     pub direct_threads: usize,
+    pub direct_piece_kb: usize,
     pub async_dio: bool,
     pub max_read: u32,
     pub read_ahead_kb: Option<u32>,
@@ -106,6 +108,7 @@ impl Default for MountOptions {
             direct_io: None,
             source_io: None,
             direct_threads: 32,
+            direct_piece_kb: 256,
             async_dio: true,
             max_read: 1 << 20,
             read_ahead_kb: None,
@@ -208,6 +211,12 @@ impl MountOptions {
                 self.direct_threads = num(key, v)?;
                 if self.direct_threads > 256 {
                     return Err("option direct_threads: must be 0..=256".into());
+                }
+            }
+            "direct_piece_kb" => {
+                self.direct_piece_kb = num(key, v)?;
+                if self.direct_piece_kb != 0 && !(4..=1024).contains(&self.direct_piece_kb) {
+                    return Err("option direct_piece_kb: must be 0 or 4..=1024".into());
                 }
             }
             "async_dio" => {
