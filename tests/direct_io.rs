@@ -85,8 +85,9 @@ fn o_direct_reads_equal_the_pack_for_every_object() {
     let split = tmp.path().join("split");
     std::fs::create_dir_all(&single).unwrap();
     std::fs::create_dir_all(&split).unwrap();
-    for parts in [make_gguf(&single, "d.gguf", 2, 8, None), make_gguf(&split, "d.gguf", 2, 8, Some(7))] {
-        let m = Mount::new(&parts[0], &[]);
+    // The split set's mount also cuts direct reads into parallel pieces (direct_piece_kb).
+    for (parts, opts) in [(make_gguf(&single, "d.gguf", 2, 8, None), ""), (make_gguf(&split, "d.gguf", 2, 8, Some(7)), "direct_piece_kb=64")] {
+        let m = Mount::new(&parts[0], &[opts]);
         let pack = m.path("d.pack");
         let refs: Vec<&Path> = parts.iter().map(|p| p.as_path()).collect();
         // Buffered and O_DIRECT reads equal gguf-py's slices of the source (every object).
@@ -125,8 +126,8 @@ fn o_direct_reads_equal_the_pack_for_every_object() {
                 });
             }
         });
-        // Whole-pack O_DIRECT reads of 1 MiB by 4 threads at once (each request read as
-        // parallel pieces by the daemon's direct-read pool).
+        // Whole-pack O_DIRECT reads of 1 MiB by 4 threads at once (with direct_piece_kb, each
+        // request read as parallel pieces by the daemon's direct-read pool).
         std::thread::scope(|s| {
             for t in 0..4u64 {
                 let (f, expected) = (&f, &expected);

@@ -270,8 +270,8 @@ def sglang_section(a) -> None:
                 rows.append((label, state, statistics.median(got["mount"]), statistics.median(got["local"]),
                              statistics.median(res)))
         # Levers, O_DIRECT loader pattern, cold, each against the local copy in the same rounds.
-        for label, o in [("defaults", ""), ("async_dio=off", "async_dio=off"), ("direct_piece_kb=0", "direct_piece_kb=0"),
-                         ("direct_piece_kb=128", "direct_piece_kb=128"), ("direct_piece_kb=512", "direct_piece_kb=512"),
+        for label, o in [("defaults", ""), ("async_dio=off", "async_dio=off"), ("direct_piece_kb=128", "direct_piece_kb=128"),
+                         ("direct_piece_kb=256", "direct_piece_kb=256"), ("direct_piece_kb=512", "direct_piece_kb=512"),
                          ("direct_threads=0", "direct_threads=0"),
                          ("direct_threads=8", "direct_threads=8"), ("direct_threads=64", "direct_threads=64"),
                          ("direct_threads=0,threads=16", "direct_threads=0,threads=16"),
@@ -326,7 +326,7 @@ def sglang_section(a) -> None:
     for label, state, mnt, loc, res in rows:
         print(f"{label:<34} {state:<5} {mnt:>7.2f} {loc:>7.2f} {mnt / loc:>12.2f} {res:>8.0f}%")
     print(f"\ndirect-I/O levers: loader pattern (O_DIRECT, 1 read/object), cold; defaults: source_io=auto, "
-          f"async_dio=on, direct_threads=32, direct_piece_kb=256, threads={min(max(os.cpu_count() or 8, 2), 8)}, max_read=1048576")
+          f"async_dio=on, direct_threads=32, direct_piece_kb=0, threads={min(max(os.cpu_count() or 8, 2), 8)}, max_read=1048576")
     print(f"{'setting':<30} {'mount':>7} {'local':>7} {'mount/local':>12}")
     for label, mnt, loc in levers:
         print(f"{label:<30} {mnt:>7.2f} {loc:>7.2f} {mnt / loc:>12.2f}")
