@@ -127,7 +127,7 @@ fn grow(scratch: &mut Option<memmap2::MmapMut>, len: usize) -> std::io::Result<&
     if scratch.as_ref().is_none_or(|m| m.len() < len) {
         *scratch = Some(memmap2::MmapMut::map_anon(len.next_multiple_of(1 << 20))?);
     }
-    Ok(scratch.as_mut().map(|m| &mut m[..]).unwrap_or_default())
+    scratch.as_deref_mut().ok_or_else(|| std::io::Error::other("no read buffer"))
 }
 
 /// `pread` until `buf` is full or the file ends (a direct read returns less than asked, and
