@@ -269,6 +269,10 @@ mod tests {
         let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "passthrough=off,clone_fd=off,stats=on,direct_io=on"]).unwrap().command else { panic!() };
         let s = m.options.serve;
         assert_eq!((s.passthrough, s.clone_fd, s.stats, s.direct_io), (false, false, Some(true), crate::serve::options::Auto::On));
+        assert_eq!((s.source_io.0, s.async_dio, s.direct_threads), (None, true, 32));
+        let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "source_io=direct,async_dio=off,direct_threads=0"]).unwrap().command else { panic!() };
+        let s = m.options.serve;
+        assert_eq!((s.source_io.0, s.async_dio, s.direct_threads), (Some(crate::source::SourceIo::Direct), false, 0));
         // A later -o wins over an earlier one, as mount(8) users expect.
         let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "top_k=2", "-o", "top_k=5"]).unwrap().command else { panic!() };
         assert_eq!(m.options.view.pack.top_k, Some(5));
@@ -293,6 +297,9 @@ mod tests {
             (vec!["-o", "direct_io=maybe"], "auto, on or off"),
             (vec!["-o", "passthrough"], "needs a value"),
             (vec!["-o", "clone_fd=maybe"], "on or off"),
+            (vec!["-o", "source_io=sideways"], "auto, direct or buffered"),
+            (vec!["-o", "direct_threads=1000"], "from 0 to 256"),
+            (vec!["-o", "direct_piece_kb=2"], "0 or from 4 to 1024"),
         ] {
             let mut full = vec!["xpackfs", "mount", "s", "/m"];
             full.extend(args.iter());

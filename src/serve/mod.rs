@@ -32,6 +32,8 @@ pub enum MountError {
     Mount { path: PathBuf, source: std::io::Error },
     #[error("FUSE session: {0}")]
     Session(std::io::Error),
+    #[error("direct I/O threads: {0}")]
+    Threads(String),
 }
 
 /// Where the kernel mounts: the canonical mountpoint, which must be a directory, or
@@ -140,6 +142,10 @@ pub fn mount(source_path: &Path, mountpoint: &str, built: Built, cache: Arc<Chun
         max_read: opts.max_read,
         max_background: opts.max_background,
         direct_io: opts.direct_io.forced(),
+        source_io: opts.source_io.0,
+        direct_pool: fuse::direct_pool(opts.direct_threads).map_err(MountError::Threads)?,
+        async_dio: opts.async_dio,
+        direct_piece: opts.direct_piece_kb << 10,
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),

@@ -71,6 +71,14 @@ impl ViewError {
         ViewError::Option { option, rule: rule.into() }
     }
 
+    /// The error itself, through the sharing of a computation's error with its waiters.
+    pub fn root(&self) -> &ViewError {
+        match self {
+            ViewError::Shared(inner) => inner.root(),
+            other => other,
+        }
+    }
+
     /// The errno a read that failed with this error answers. Content that breaks a rule, a
     /// changed source and internal errors are all EIO: the daemon has no bytes it can vouch
     /// for. I/O errors of the source keep their own code where it means something to a
