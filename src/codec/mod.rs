@@ -18,6 +18,7 @@ pub mod q2_k;
 pub mod q4_k;
 pub mod q6_k;
 pub mod q8_0;
+pub mod simd;
 
 pub use ggml_type::GgmlType;
 
@@ -96,7 +97,13 @@ impl QuantType {
 /// Quantise `rows` rows of `n_per_row` values, as the reference's `quantize_<type>(src,
 /// dst, nrow, n_per_row, imatrix)`. `importance` has `n_per_row` values (one per column)
 /// or is `None` (Q2_K then takes the reference path; IQ2_XXS requires importance).
+/// Runs at the process's SIMD level ([`simd::level`]); every level gives the same bytes.
 pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+    quantize_rows_at(simd::level(), ty, src, n_per_row, importance, dst)
+}
+
+/// [`quantize_rows`] at a given SIMD level (lowered to what the CPU has).
+pub fn quantize_rows_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
     let g = ty.ggml();
     if n_per_row == 0 || n_per_row % g.block_size as usize != 0 || src.len() % n_per_row != 0 {
         return Err(CodecError::Shape(format!("{} rows must be a whole number of {}-value blocks, got {n_per_row}", g.name, g.block_size)));
@@ -111,6 +118,21 @@ pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: O
             return Err(CodecError::Shape(format!("importance has {} values for rows of {n_per_row}", imp.len())));
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let done = match (ty, importance) {
+            (QuantType::Q8_0, _) => simd::q8_0::quantize(level, src, dst).map(Ok),
+            (QuantType::Q2K, None) => simd::q2_k::quantize_ref(level, src, dst).map(Ok),
+            (QuantType::Q2K, Some(w)) => simd::q2_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Iq2Xxs, Some(w)) => simd::iq2_xxs::quantize(level, src, n_per_row, w, dst),
+            (QuantType::Iq2Xxs, None) => None,
+        };
+        if let Some(r) = done {
+            return r;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     for (x, y) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
         match ty {
             QuantType::Q8_0 => q8_0::quantize_row(x, y),
@@ -127,19 +149,24 @@ pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: O
 /// Quantise rows in parallel (rayon), chunks of whole rows; identical bytes to
 /// [`quantize_rows`].
 pub fn quantize_rows_par(ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+    quantize_rows_par_at(simd::level(), ty, src, n_per_row, importance, dst)
+}
+
+/// [`quantize_rows_par`] at a given SIMD level.
+pub fn quantize_rows_par_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
     use rayon::prelude::*;
     let g = ty.ggml();
     if n_per_row == 0 || n_per_row % g.block_size as usize != 0 {
-        return quantize_rows(ty, src, n_per_row, importance, dst);
+        return quantize_rows_at(level, ty, src, n_per_row, importance, dst);
     }
     let row_bytes = n_per_row / g.block_size as usize * g.type_size as usize;
     const ROWS: usize = 16;
     if src.len() % n_per_row != 0 || dst.len() != src.len() / n_per_row * row_bytes {
-        return quantize_rows(ty, src, n_per_row, importance, dst); // reports the shape error
+        return quantize_rows_at(level, ty, src, n_per_row, importance, dst); // reports the shape error
     }
     src.par_chunks(ROWS * n_per_row)
         .zip(dst.par_chunks_mut(ROWS * row_bytes))
-        .try_for_each(|(x, y)| quantize_rows(ty, x, n_per_row, importance, y))
+        .try_for_each(|(x, y)| quantize_rows_at(level, ty, x, n_per_row, importance, y))
 }
 
 /// Decode rows of a ggml type to f32 (`dequantize_row_<type>` of the reference).
