@@ -12,7 +12,7 @@ use super::q2_k::{make_qp_quants, GROUP_MAX_EPS, QK_K};
 use super::{cmax, f32_to_fp16, fp16_to_f32, nearest_int, read_u16, CodecError};
 
 pub const BYTES: usize = 66;
-const KMAP_SIZE: usize = 43692;
+pub(crate) const KMAP_SIZE: usize = 43692;
 
 /// The search tables, built at compile time by build.rs (nothing to do at start-up).
 /// `map[key]` for a point's key (2 bits per coordinate, level `(v - 1) / 2`): its grid
@@ -106,9 +106,19 @@ impl NeighbourSearch for ScalarSearch {
 /// [`quantize_row`] with the neighbour search given (the SIMD levels pass theirs).
 #[inline(always)]
 pub(crate) fn quantize_row_with(x: &[f32], y: &mut [u8], quant_weights: &[f32], searcher: impl NeighbourSearch) -> Result<(), CodecError> {
+    for (ibl, (xbl, yb)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(BYTES)).enumerate() {
+        quantize_superblock(ibl, xbl, yb, &quant_weights[QK_K * ibl..QK_K * (ibl + 1)], searcher)?;
+    }
+    Ok(())
+}
+
+/// One 256-value block `xbl` (block `ibl` of its row, for error messages), its 256
+/// importance values `qw256`.
+#[inline(always)]
+pub(crate) fn quantize_superblock(ibl: usize, xbl: &[f32], yb: &mut [u8], qw256: &[f32], searcher: impl NeighbourSearch) -> Result<(), CodecError> {
     const KMAXQ: i32 = 3;
     let t = tables();
-    for (ibl, (xbl, yb)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(BYTES)).enumerate() {
+    {
         let mut scales = [0.0f32; 8];
         let mut weight = [0.0f32; 32];
         let mut xval = [0.0f32; 32];
@@ -126,7 +136,7 @@ pub(crate) fn quantize_row_with(x: &[f32], y: &mut [u8], quant_weights: &[f32], 
         let sigma2 = sumx2 / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
-            let qw: &[f32; 32] = quant_weights[QK_K * ibl + 32 * ib..QK_K * ibl + 32 * ib + 32].try_into().unwrap();
+            let qw: &[f32; 32] = qw256[32 * ib..32 * ib + 32].try_into().unwrap();
             for i in 0..32 {
                 weight[i] = qw[i] * (sigma2 + xb[i] * xb[i]).sqrt();
             }
@@ -258,7 +268,7 @@ pub(crate) fn quantize_row_with(x: &[f32], y: &mut [u8], quant_weights: &[f32], 
         }
         if max_scale == 0.0 {
             yb[2..].fill(0);
-            continue;
+            return Ok(());
         }
         let d = max_scale / 31.0;
         yb[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());

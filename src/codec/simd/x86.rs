@@ -78,6 +78,10 @@ pub(crate) trait Simd: Copy {
     fn shr<const N: u32>(self, a: Self::I) -> Self::I;
     /// Logical shift right by a per-lane count (< 32).
     fn shrv(self, a: Self::I, n: Self::I) -> Self::I;
+    /// Shift left by a run-time count (< 32) common to all lanes.
+    fn shl_by(self, a: Self::I, n: u32) -> Self::I {
+        self.shlv(a, self.isplat(n as i32))
+    }
     fn shlv(self, a: Self::I, n: Self::I) -> Self::I;
     fn imin(self, a: Self::I, b: Self::I) -> Self::I;
     fn imax(self, a: Self::I, b: Self::I) -> Self::I;
