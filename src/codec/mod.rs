@@ -169,22 +169,75 @@ pub fn quantize_rows_par_at(level: simd::Level, ty: QuantType, src: &[f32], n_pe
         .try_for_each(|(x, y)| quantize_rows_at(level, ty, x, n_per_row, importance, y))
 }
 
-/// Decode rows of a ggml type to f32 (`dequantize_row_<type>` of the reference).
+/// Values per task in the `_par` helpers: large enough to amortise a task, small enough
+/// to spread a chunk of a few MiB over the cores.
+pub(crate) const PAR_VALUES: usize = 1 << 16;
+
+/// Decode rows of a ggml type to f32 (`dequantize_row_<type>` of the reference), at the
+/// process's SIMD level (every level gives the same values).
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    dequantize_at(simd::level(), ty, src, dst)
+}
+
+/// [`dequantize`] on all cores (rayon, chunks of whole blocks); the same values.
+pub fn dequantize_par(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    use rayon::prelude::*;
+    let (bs, ts) = (ty.block_size as usize, ty.type_size as usize);
+    if src.len() % ts != 0 || dst.len() != src.len() / ts * bs {
+        return dequantize(ty, src, dst); // reports the shape error
+    }
+    let level = simd::level();
+    let blocks = (PAR_VALUES / bs).max(1);
+    let r = src.par_chunks(blocks * ts).zip(dst.par_chunks_mut(blocks * bs)).try_for_each(|(s, d)| dequantize_at(level, ty, s, d));
+    // On an error, the sequential pass reports the first bad block.
+    r.or_else(|_| dequantize_at(level, ty, src, dst))
+}
+
+/// [`dequantize`] at a given SIMD level (lowered to what the CPU has).
+pub fn dequantize_at(level: simd::Level, ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    let blocks = src.len() / ty.type_size as usize;
+    if src.len() % ty.type_size as usize != 0 || dst.len() != blocks * ty.block_size as usize {
+        return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use simd::decode as d;
+        let done = match ty.name {
+            "F16" => d::f16_to_f32(level, src, dst).map(Ok),
+            "BF16" => d::bf16_to_f32(level, src, dst).map(Ok),
+            "Q8_0" => d::dequantize_q8_0(level, src, dst).map(Ok),
+            "Q2_K" => d::dequantize_q2_k(level, src, dst).map(Ok),
+            "Q4_K" => d::dequantize_q4_k(level, src, dst).map(Ok),
+            "Q6_K" => d::dequantize_q6_k(level, src, dst).map(Ok),
+            "IQ2_XXS" => d::dequantize_iq2_xxs(level, src, dst).map(Ok),
+            "MXFP4" => d::dequantize_mxfp4(level, src, dst),
+            _ => None,
+        };
+        if let Some(r) = done {
+            return r;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
+    dequantize_scalar(ty, src, dst)
+}
+
+/// The scalar reference decoders.
+pub fn dequantize_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
     let blocks = src.len() / ty.type_size as usize;
     if src.len() % ty.type_size as usize != 0 || dst.len() != blocks * ty.block_size as usize {
         return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
     }
     match ty.name {
         "F32" => float::f32_to_f32(src, dst),
-        "F16" => float::f16_to_f32(src, dst),
-        "BF16" => float::bf16_to_f32(src, dst),
+        "F16" => float::f16_to_f32_scalar(src, dst),
+        "BF16" => float::bf16_to_f32_scalar(src, dst),
         "Q8_0" => q8_0::dequantize(src, dst),
         "Q2_K" => q2_k::dequantize(src, dst),
         "Q4_K" => q4_k::dequantize(src, dst),
         "Q6_K" => q6_k::dequantize(src, dst),
         "IQ2_XXS" => iq2_xxs::dequantize(src, dst),
-        "MXFP4" => mxfp4::dequantize_ggml(src, dst)?,
+        "MXFP4" => mxfp4::dequantize_ggml_scalar(src, dst)?,
         other => return Err(CodecError::Shape(format!("decoding {other} is not supported"))),
     }
     Ok(())

@@ -90,6 +90,8 @@ pub(crate) trait Simd: Copy {
     fn iselect(self, m: Self::M, a: Self::I, b: Self::I) -> Self::I;
     /// `LANES` u16 (`s[..LANES]`), zero-extended.
     fn load_u16(self, s: &[u16]) -> Self::I;
+    /// `LANES` little-endian u16 (`s[..2 * LANES]`), zero-extended.
+    fn load_u16le(self, s: &[u8]) -> Self::I;
     /// `LANES` bytes (`s[..LANES]`), zero-extended.
     fn load_u8(self, s: &[u8]) -> Self::I;
     /// `LANES` bytes (`s[..LANES]`), sign-extended.
@@ -224,6 +226,7 @@ impl Simd for Avx2 {
         fn igt(a: __m256i, b: __m256i) -> __m256 { _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b)) }
         fn iselect(m: __m256, a: __m256i, b: __m256i) -> __m256i { _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(b), _mm256_castsi256_ps(a), m)) }
         fn load_u16(s: &[u16]) -> __m256i { _mm256_cvtepu16_epi32(_mm_loadu_si128(s[..8].as_ptr().cast())) }
+        fn load_u16le(s: &[u8]) -> __m256i { _mm256_cvtepu16_epi32(_mm_loadu_si128(s[..16].as_ptr().cast())) }
         fn load_u8(s: &[u8]) -> __m256i { _mm256_cvtepu8_epi32(_mm_loadl_epi64(s[..8].as_ptr().cast())) }
         fn load_i8(s: &[u8]) -> __m256i { _mm256_cvtepi8_epi32(_mm_loadl_epi64(s[..8].as_ptr().cast())) }
         fn load_u8_dup2(s: &[u8]) -> __m256i { {
@@ -318,6 +321,7 @@ impl Simd for Avx512 {
         fn igt(a: __m512i, b: __m512i) -> __mmask16 { _mm512_cmpgt_epi32_mask(a, b) }
         fn iselect(m: __mmask16, a: __m512i, b: __m512i) -> __m512i { _mm512_mask_blend_epi32(m, b, a) }
         fn load_u16(s: &[u16]) -> __m512i { _mm512_cvtepu16_epi32(_mm256_loadu_si256(s[..16].as_ptr().cast())) }
+        fn load_u16le(s: &[u8]) -> __m512i { _mm512_cvtepu16_epi32(_mm256_loadu_si256(s[..32].as_ptr().cast())) }
         fn load_u8(s: &[u8]) -> __m512i { _mm512_cvtepu8_epi32(_mm_loadu_si128(s[..16].as_ptr().cast())) }
         fn load_i8(s: &[u8]) -> __m512i { _mm512_cvtepi8_epi32(_mm_loadu_si128(s[..16].as_ptr().cast())) }
         fn load_u8_dup2(s: &[u8]) -> __m512i { {
@@ -386,4 +390,13 @@ pub(crate) fn nearest_int<S: Simd>(s: S, f: S::F) -> S::I {
 #[inline(always)]
 pub(crate) fn iclamp<S: Simd>(s: S, i: S::I, lo: i32, hi: i32) -> S::I {
     s.imin(s.imax(i, s.isplat(lo)), s.isplat(hi))
+}
+
+/// `table[idx & 15]` per lane.
+#[inline(always)]
+pub(crate) fn lut16<S: Simd>(s: S, table: &[f32; 16], idx: S::I) -> S::F {
+    let lo: &[f32; 8] = table[..8].try_into().unwrap();
+    let hi: &[f32; 8] = table[8..].try_into().unwrap();
+    let upper = s.ieq(s.iand(idx, s.isplat(8)), s.isplat(8));
+    s.select(upper, s.lut8(hi, idx), s.lut8(lo, idx))
 }
