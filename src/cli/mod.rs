@@ -74,7 +74,7 @@ fn command() -> Command {
             .arg(Arg::new("finalize").long("finalize").action(ArgAction::SetTrue).help("after every --partition I/N has finished: check the parts, assemble cut files, write the manifests")),
     );
     Command::new("xpackfs")
-        .version(env!("CARGO_PKG_VERSION"))
+        .version(&*Box::leak(format!("{} (codecs: SIMD {})", env!("CARGO_PKG_VERSION"), crate::codec::simd::describe()).into_boxed_str()))
         .about("A read-only FUSE filesystem serving converted forms of MoE checkpoints (SGLang expert packs, ...)")
         .subcommand_required(true)
         .subcommand(mount)

@@ -181,14 +181,19 @@ fn fp8_segment<S: Simd>(s: S, w: &[u8], m: f32, out: &mut [u16]) -> bool {
     let n = w.len().min(out.len());
     let main = n / S::LANES * S::LANES;
     let mv = s.splat(m);
-    let (exp, nan_bits) = (s.splat(f32::from_bits((127 + 120) << 23)), s.isplat(f32::NAN.to_bits() as i32));
+    let nan_bits = s.isplat(f32::NAN.to_bits() as i32);
+    let (bias, sub_scale) = (s.isplat(120 << 23), s.splat(1.0 / 512.0));
     let mut bad = s.first(0);
     for i in (0..main).step_by(S::LANES) {
         let b = s.load_u8(&w[i..]);
         let mag = s.iand(b, s.isplat(0x7F));
-        // E4M3 as f32: its 7 bits placed at f32's exponent/mantissa top, times 2^120 (exact,
-        // subnormals included); sign as is; 0x7F / 0xFF the table's NaN.
-        let v = s.mul(s.from_bits(s.shl::<20>(mag)), exp);
+        // E4M3 as f32 bits: exponent rebiased (7 -> 127), mantissa on top; subnormals
+        // (exponent 0) as m * 2^-9, exact and computed without denormal operands (which
+        // would cost a microcode assist per instruction); sign as is; 0x7F / 0xFF the
+        // table's NaN.
+        let normal = s.from_bits(s.iadd(s.shl::<20>(mag), bias));
+        let subnormal = s.mul(s.cvt(s.iand(mag, s.isplat(7))), sub_scale);
+        let v = s.select(s.igt(s.isplat(8), mag), subnormal, normal);
         let v = s.from_bits(s.ior(s.to_bits(v), s.shl::<24>(s.iand(b, s.isplat(0x80)))));
         let v = s.select(s.ieq(mag, s.isplat(0x7F)), s.from_bits(nan_bits), v);
         let v = s.mul(v, mv);
