@@ -41,6 +41,7 @@ fn kgrid() -> Vec<u16> {
 /// `-(offset + 1)`, `offset` into the neighbour lists. The lists (u16): at each offset a
 /// count, then that many grid points (as keys: 2 bits per coordinate), all those at the
 /// two smallest distances, ordered by (distance, grid index) as ggml's qsort orders them.
+#[allow(clippy::needless_range_loop)] // i is both the key and its index in the map
 fn iq2xxs_tables() {
     let kgrid = kgrid();
     let levels: Vec<[i32; 8]> = kgrid.iter().map(|&g| std::array::from_fn(|k| ((g >> (2 * k)) & 3) as i32)).collect();

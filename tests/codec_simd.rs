@@ -91,11 +91,10 @@ fn same_quantisation(level: Level, ty: QuantType, x: &[f32], n: usize, imp: Opti
     let rw = codec::quantize_rows_at(Level::Scalar, ty, x, n, imp, &mut want);
     let rg = codec::quantize_rows_at(level, ty, x, n, imp, &mut got);
     assert_eq!(rg, rw, "{ty:?} {what} at {level}: result differs");
-    if rw.is_ok() {
-        if let Some(b) = got.iter().zip(&want).position(|(a, b)| a != b) {
+    if rw.is_ok()
+        && let Some(b) = got.iter().zip(&want).position(|(a, b)| a != b) {
             panic!("{ty:?} {what} at {level}: byte {b} of {len} differs ({} vs scalar {})", got[b], want[b]);
         }
-    }
 }
 
 #[test]
@@ -172,7 +171,7 @@ fn blocks(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             // Any finite fp16, subnormals and zero included (exponent field < 31); every 7th
             // block keeps its raw bytes, infinities and NaN included.
             if i % 7 != 3 {
-                blk[o + 1] = blk[o + 1] % 0x7C | (blk[o + 1] & 0x80);
+                blk[o + 1] = (blk[o + 1] % 0x7C) | (blk[o + 1] & 0x80);
             }
         }
         if ty.name == "MXFP4" && blk[0] == 255 {

@@ -50,7 +50,7 @@ impl Fp8Blocks {
         if scales.len() != sr * sc {
             return Err(CodecError::Shape(format!("FP8 scale tensor has {} values, expected {sr}x{sc}", scales.len())));
         }
-        if let Some(i) = scales.iter().position(|&s| e8m0_to_f32(s).is_none_or(|v| !(v > 0.0))) {
+        if let Some(i) = scales.iter().position(|&s| e8m0_to_f32(s).is_none_or(|v| v.is_nan() || v <= 0.0)) {
             return Err(CodecError::BadScale { block_row: i / sc, block_col: i % sc });
         }
         Ok(())
@@ -85,7 +85,7 @@ impl Fp8Blocks {
 
     fn check(&self, weight: &[u8], first_row: usize, scales: &[u8], out: &[u16]) -> Result<(), CodecError> {
         self.check_scales(scales)?;
-        if self.cols == 0 || weight.len() % self.cols != 0 || out.len() != weight.len() || first_row + weight.len() / self.cols > self.rows {
+        if self.cols == 0 || !weight.len().is_multiple_of(self.cols) || out.len() != weight.len() || first_row + weight.len() / self.cols > self.rows {
             return Err(CodecError::Shape(format!("FP8 rows {first_row}.. of {} columns do not fit the tensor", self.cols)));
         }
         Ok(())

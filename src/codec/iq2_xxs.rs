@@ -310,6 +310,7 @@ mod tests {
 
     /// The reference's construction (`iq2xs_init_impl`), run here: grid from
     /// kgrid_2bit_256, every distance sorted by (distance, index), the first two distances.
+    #[allow(clippy::needless_range_loop)]
     fn reference_tables() -> (Vec<i32>, Vec<u16>) {
         let grid: Vec<[i32; 8]> = KGRID_2BIT_256.iter().map(|&g| std::array::from_fn(|i| 2 * ((g >> (2 * i)) & 3) as i32 + 1)).collect();
         let mut map = vec![-1i32; KMAP_SIZE];

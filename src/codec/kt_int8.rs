@@ -80,7 +80,7 @@ pub fn packed_offset(r: usize, c: usize, n: usize, k: usize) -> usize {
 }
 
 fn check_layout(n: usize, k: usize) -> Result<(), CodecError> {
-    if n % N_STEP != 0 || k % K_STEP != 0 || n == 0 || k == 0 {
+    if !n.is_multiple_of(N_STEP) || !k.is_multiple_of(K_STEP) || n == 0 || k == 0 {
         return Err(CodecError::Shape(format!("{LAYOUT} needs n % 32 == 0 and k % 64 == 0, got {n}x{k}")));
     }
     Ok(())
@@ -162,7 +162,7 @@ pub fn unpack(packed: &[u8], n: usize, k: usize, out: &mut [i8]) -> Result<(), C
 /// NUMA part `part` of `parts` of an expert's matrices (tensor parallel over the
 /// intermediate dimension): rows of gate/up `[I, H]`, columns of down `[H, I]`.
 pub fn numa_split_rows(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
-    if parts == 0 || rows % parts != 0 || part >= parts || w.len() != rows * cols {
+    if parts == 0 || !rows.is_multiple_of(parts) || part >= parts || w.len() != rows * cols {
         return Err(CodecError::Shape(format!("cannot split {rows} rows into {parts} NUMA parts")));
     }
     let per = rows / parts;
@@ -170,7 +170,7 @@ pub fn numa_split_rows(w: &[f32], rows: usize, cols: usize, part: usize, parts: 
 }
 
 pub fn numa_split_cols(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
-    if parts == 0 || cols % parts != 0 || part >= parts || w.len() != rows * cols {
+    if parts == 0 || !cols.is_multiple_of(parts) || part >= parts || w.len() != rows * cols {
         return Err(CodecError::Shape(format!("cannot split {cols} columns into {parts} NUMA parts")));
     }
     let per = cols / parts;

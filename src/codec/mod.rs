@@ -105,7 +105,7 @@ pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: O
 /// [`quantize_rows`] at a given SIMD level (lowered to what the CPU has).
 pub fn quantize_rows_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
     let g = ty.ggml();
-    if n_per_row == 0 || n_per_row % g.block_size as usize != 0 || src.len() % n_per_row != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(g.block_size as usize) || !src.len().is_multiple_of(n_per_row) {
         return Err(CodecError::Shape(format!("{} rows must be a whole number of {}-value blocks, got {n_per_row}", g.name, g.block_size)));
     }
     let rows = src.len() / n_per_row;
@@ -113,10 +113,10 @@ pub fn quantize_rows_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_ro
     if dst.len() != rows * row_bytes {
         return Err(CodecError::Shape(format!("output holds {} bytes, {rows} rows of {} need {}", dst.len(), g.name, rows * row_bytes)));
     }
-    if let Some(imp) = importance {
-        if imp.len() != n_per_row {
-            return Err(CodecError::Shape(format!("importance has {} values for rows of {n_per_row}", imp.len())));
-        }
+    if let Some(imp) = importance
+        && imp.len() != n_per_row
+    {
+        return Err(CodecError::Shape(format!("importance has {} values for rows of {n_per_row}", imp.len())));
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -156,12 +156,12 @@ pub fn quantize_rows_par(ty: QuantType, src: &[f32], n_per_row: usize, importanc
 pub fn quantize_rows_par_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
     use rayon::prelude::*;
     let g = ty.ggml();
-    if n_per_row == 0 || n_per_row % g.block_size as usize != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(g.block_size as usize) {
         return quantize_rows_at(level, ty, src, n_per_row, importance, dst);
     }
     let row_bytes = n_per_row / g.block_size as usize * g.type_size as usize;
     const ROWS: usize = 16;
-    if src.len() % n_per_row != 0 || dst.len() != src.len() / n_per_row * row_bytes {
+    if !src.len().is_multiple_of(n_per_row) || dst.len() != src.len() / n_per_row * row_bytes {
         return quantize_rows_at(level, ty, src, n_per_row, importance, dst); // reports the shape error
     }
     src.par_chunks(ROWS * n_per_row)
@@ -183,7 +183,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Codec
 pub fn dequantize_par(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
     use rayon::prelude::*;
     let (bs, ts) = (ty.block_size as usize, ty.type_size as usize);
-    if src.len() % ts != 0 || dst.len() != src.len() / ts * bs {
+    if !src.len().is_multiple_of(ts) || dst.len() != src.len() / ts * bs {
         return dequantize(ty, src, dst); // reports the shape error
     }
     let level = simd::level();
@@ -196,7 +196,7 @@ pub fn dequantize_par(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), C
 /// [`dequantize`] at a given SIMD level (lowered to what the CPU has).
 pub fn dequantize_at(level: simd::Level, ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
     let blocks = src.len() / ty.type_size as usize;
-    if src.len() % ty.type_size as usize != 0 || dst.len() != blocks * ty.block_size as usize {
+    if !src.len().is_multiple_of(ty.type_size as usize) || dst.len() != blocks * ty.block_size as usize {
         return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
     }
     #[cfg(target_arch = "x86_64")]
@@ -225,7 +225,7 @@ pub fn dequantize_at(level: simd::Level, ty: GgmlType, src: &[u8], dst: &mut [f3
 /// The scalar reference decoders.
 pub fn dequantize_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
     let blocks = src.len() / ty.type_size as usize;
-    if src.len() % ty.type_size as usize != 0 || dst.len() != blocks * ty.block_size as usize {
+    if !src.len().is_multiple_of(ty.type_size as usize) || dst.len() != blocks * ty.block_size as usize {
         return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
     }
     match ty.name {

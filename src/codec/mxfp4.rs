@@ -59,11 +59,11 @@ pub fn dequantize_deepseek_par(packed: &[u8], scales: &[u8], k: usize, dst: &mut
 }
 
 fn check_deepseek(packed: &[u8], scales: &[u8], k: usize, dst: &[f32]) -> Result<(), CodecError> {
-    if k == 0 || k % 32 != 0 {
+    if k == 0 || !k.is_multiple_of(32) {
         return Err(CodecError::Shape(format!("MXFP4 row length {k} is not a multiple of 32")));
     }
     let rows = dst.len() / k;
-    if dst.len() % k != 0 || packed.len() != rows * k / 2 || scales.len() != rows * k / 32 {
+    if !dst.len().is_multiple_of(k) || packed.len() != rows * k / 2 || scales.len() != rows * k / 32 {
         return Err(CodecError::Shape(format!(
             "MXFP4: {} packed bytes and {} scales do not hold {rows} rows of {k}",
             packed.len(),

@@ -157,8 +157,8 @@ fn to_aos<S: Simd>(s: S, x: &[S::F; 32]) -> Aos {
     }
     let mut a = Aos { v: [[0f32; 32]; 16] };
     for (i, row) in soa.iter().enumerate() {
-        for lane in 0..S::LANES {
-            a.v[lane][i] = row[lane];
+        for (lane, &v) in row.iter().enumerate().take(S::LANES) {
+            a.v[lane][i] = v;
         }
     }
     a

@@ -135,6 +135,7 @@ pub fn describe() -> String {
 /// A requested level, lowered to what this CPU can run (so no caller can reach an
 /// instruction the CPU lacks).
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn clamp(level: Level) -> Level {
     level.min(detected())
 }

@@ -47,6 +47,7 @@ pub(crate) trait Simd: Copy {
     /// Round toward zero, staying f32 (`f32::trunc`).
     fn trunc(self, a: Self::F) -> Self::F;
     fn to_bits(self, a: Self::F) -> Self::I;
+    #[allow(clippy::wrong_self_convention)] // `self` is the token, as in every method
     fn from_bits(self, a: Self::I) -> Self::F;
     /// The smallest lane (inputs without NaN).
     fn reduce_min(self, a: Self::F) -> f32;
