@@ -1,6 +1,8 @@
 //! kt-kernel persistent INT8 (`shared/reference/kt-int8.md`): per-row symmetric INT8 with
 //! fp32 scales, the `kt-int8-n32-k64-vnni-v1` packed layout and its inverse, and the
-//! NUMA split of gate/up (rows) and down (columns).
+//! NUMA split of gate/up (rows) and down (columns). [`quantize_pack_par`] does the
+//! quantisation and packing of a matrix on all cores, 64-row blocks at a time (each block
+//! owns a contiguous range of the packed bytes).
 
 use super::simd::{self, Level};
 use super::CodecError;

@@ -6,6 +6,11 @@
 //! evaluation order, never fused multiply-add, `nearest_int` (ties to even) where ggml
 //! uses it and `roundf` (ties away) where it uses that. See
 //! `shared/reference/ggml-quants.md`.
+//!
+//! The code in the per-format files is the scalar reference. [`simd`] has AVX2 and
+//! AVX-512 versions of the quantisers and decoders, chosen once per process at run time
+//! and bit-exact with the reference; the public entry points run at [`simd::level`], the
+//! `_at` variants at a given level (tests, benches), the `_par` variants on all cores.
 
 pub mod float;
 pub mod fp8;
