@@ -26,8 +26,11 @@ pub(crate) fn best_neighbour<S: Simd>(s: S, list: &[u16], xval: &[f32], weight: 
         wv[i] = s.splat(weight[i]);
     }
     let (one, three, fmax, inf) = (s.isplat(1), s.isplat(3), s.splat(f32::MAX), s.splat(f32::INFINITY));
-    let mut best = f32::MAX;
-    let mut best_key = None;
+    // Each lane keeps its own first strict minimum (and its candidate index) over the
+    // candidates it sees; one reduction at the end picks, among the lanes holding the least
+    // value, the smallest candidate index: the candidate the scalar scan keeps.
+    let mut bestv = inf;
+    let mut besti = s.isplat(i32::MAX);
     let mut c0 = 0;
     while c0 < n {
         let keys = s.load_u16(&list[1 + c0..]);
@@ -40,15 +43,24 @@ pub(crate) fn best_neighbour<S: Simd>(s: S, list: &[u16], xval: &[f32], weight: 
         }
         let valid = s.mand(s.first(n - c0), s.lt(d2, fmax));
         let d2 = s.select(valid, d2, inf);
-        let m = s.reduce_min(d2);
-        if m < best {
-            best = m;
-            let lane = s.mbits(s.mand(valid, s.eq(d2, s.splat(m)))).trailing_zeros() as usize;
-            best_key = Some(list[1 + c0 + lane]);
-        }
+        let upd = s.lt(d2, bestv);
+        bestv = s.select(upd, d2, bestv);
+        besti = s.iselect(upd, s.iadd(s.iota(), s.isplat(c0 as i32)), besti);
         c0 += S::LANES;
     }
-    best_key
+    let m = s.reduce_min(bestv);
+    if !(m < f32::MAX) {
+        return None;
+    }
+    let mut idx = [0i32; 16];
+    s.istore(besti, &mut idx);
+    let mut bits = s.mbits(s.eq(bestv, s.splat(m)));
+    let mut first = i32::MAX;
+    while bits != 0 {
+        first = first.min(idx[bits.trailing_zeros() as usize]);
+        bits &= bits - 1;
+    }
+    Some(list[1 + first as usize])
 }
 
 #[derive(Clone, Copy)]
