@@ -48,8 +48,9 @@ pub(crate) fn best_neighbour<S: Simd>(s: S, list: &[u16], xval: &[f32], weight: 
         besti = s.iselect(upd, s.iadd(s.iota(), s.isplat(c0 as i32)), besti);
         c0 += S::LANES;
     }
+    // Lanes hold values below f32::MAX or infinity, so this is "no candidate at all".
     let m = s.reduce_min(bestv);
-    if !(m < f32::MAX) {
+    if m == f32::INFINITY {
         return None;
     }
     let mut idx = [0i32; 16];
