@@ -7,7 +7,10 @@
 //! the data-dependent updates (`if d > 0`, `if this_min > 0`, `if cur_error < best_error`,
 //! the early return of a flat sub-block) as per-lane masks. The per-super-block remainder
 //! (the scale quantisation, `make_qp_quants` over the 16 scales, the final requantisation)
-//! is the scalar code or a direct lane-per-sub-block translation of it.
+//! is the scalar code or a direct lane-per-sub-block translation of it. (Profile with
+//! AVX-512, importance path: the lane kernel ~85 % of the quantiser's time, the scalar
+//! `make_qp_quants` ~12 %; it could go across lanes too, 16 blocks at a time, as the
+//! IQ2_XXS kernel does.)
 
 use super::x86::{iclamp, nearest_int, simd_entry, Simd};
 use crate::codec::q2_k::{make_qp_quants, BYTES, QK_K};
