@@ -13,8 +13,7 @@
 //! IQ2_XXS kernel does.)
 
 use super::x86::{iclamp, nearest_int, simd_entry, Simd};
-use crate::codec::q2_k::{make_qp_quants, BYTES, QK_K};
-use crate::codec::{f32_to_fp16, fp16_to_f32, read_u16};
+use crate::codec::q2_k::{impl_block_scales, ref_block_scales, BYTES, QK_K};
 
 /// `make_qkx_quants::<16>` for `LANES` sub-blocks at once: element i of every sub-block in
 /// `x[i]`, its weight in `w[i]`. Returns (scale, the_min, levels).
@@ -139,7 +138,6 @@ fn pack(levels: &[[i32; 16]; 16], qs: &mut [u8]) {
 
 #[inline(always)]
 fn reference_path<S: Simd>(s: S, src: &[f32], dst: &mut [u8]) {
-    const Q4SCALE: f32 = 15.0;
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
         let mut levels = [[0i32; 16]; 16];
         let mut scales = [0.0f32; 16];
@@ -157,38 +155,8 @@ fn reference_path<S: Simd>(s: S, src: &[f32], dst: &mut [u8]) {
                 s.istore(l[i], &mut levels[i][first..]);
             }
         }
-        let mut max_scale = 0.0f32;
-        let mut max_min = 0.0f32;
-        for j in 0..16 {
-            if scales[j] > max_scale {
-                max_scale = scales[j];
-            }
-            if mins[j] > max_min {
-                max_min = mins[j];
-            }
-        }
+        let (dd, dmin) = ref_block_scales(&scales, &mins, y);
         let (sc, rest) = y.split_at_mut(16);
-        if max_scale > 0.0 {
-            let iscale = Q4SCALE / max_scale;
-            for j in 0..16 {
-                sc[j] = crate::codec::nearest_int(iscale * scales[j]) as u8;
-            }
-            rest[64..66].copy_from_slice(&f32_to_fp16(max_scale / Q4SCALE).to_le_bytes());
-        } else {
-            sc.fill(0);
-            rest[64..66].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
-        }
-        if max_min > 0.0 {
-            let iscale = Q4SCALE / max_min;
-            for j in 0..16 {
-                sc[j] |= (crate::codec::nearest_int(iscale * mins[j]) << 4) as u8;
-            }
-            rest[66..68].copy_from_slice(&f32_to_fp16(max_min / Q4SCALE).to_le_bytes());
-        } else {
-            rest[66..68].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
-        }
-        let dd = fp16_to_f32(read_u16(rest, 64));
-        let dmin = fp16_to_f32(read_u16(rest, 66));
         requantise(s, x, sc, dd, dmin, &mut levels);
         pack(&levels, &mut rest[..64]);
     }
@@ -228,18 +196,8 @@ fn importance_path<S: Simd>(s: S, src: &[f32], n_per_row: usize, quant_weights: 
                     s.istore(l[k], &mut levels[k][first..]);
                 }
             }
-            let mut ls = [0u8; 16];
-            let mut lm = [0u8; 16];
-            let dm = make_qp_quants(15, &scales, &mut ls, &sw);
-            let mm = make_qp_quants(15, &mins, &mut lm, &sw);
+            let (dm, mm) = impl_block_scales(&scales, &mins, &sw, y);
             let (sc, rest) = y.split_at_mut(16);
-            rest[64..66].copy_from_slice(&f32_to_fp16(dm).to_le_bytes());
-            rest[66..68].copy_from_slice(&f32_to_fp16(mm).to_le_bytes());
-            let dm = fp16_to_f32(read_u16(rest, 64));
-            let mm = fp16_to_f32(read_u16(rest, 66));
-            for j in 0..16 {
-                sc[j] = ls[j] | (lm[j] << 4);
-            }
             requantise(s, x, sc, dm, mm, &mut levels);
             pack(&levels, &mut rest[..64]);
         }
