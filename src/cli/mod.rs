@@ -18,10 +18,11 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::serve::options::ServeOptions;
 use crate::view::ViewOptions;
 
-/// `xpackfs --version`: the crate version and the git revision of the build.
+/// `xpackfs --version`: the crate version, the git revision of the build and the codecs'
+/// SIMD level in use (`XPACKFS_SIMD` forces one).
 fn version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    V.get_or_init(|| format!("{} (git {})", env!("CARGO_PKG_VERSION"), crate::GIT_SHA))
+    V.get_or_init(|| format!("{} (git {}; codecs: SIMD {})", env!("CARGO_PKG_VERSION"), crate::GIT_SHA, crate::codec::simd::describe()))
 }
 
 #[derive(Debug, Parser)]
