@@ -368,6 +368,8 @@ fn stats_json_reports_reads_and_the_cache() {
     let m = Mount::new(&sample(), &[]);
     let read_stats = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(m.path(".xpackfs/stats.json")).unwrap()).unwrap() };
     let before = read_stats();
+    // The codecs' SIMD level in use is reported (the level `xpackfs --version` names).
+    assert!(["scalar", "avx2", "avx512"].iter().any(|l| before["codec_simd"].as_str().is_some_and(|s| s.starts_with(l))), "{before}");
     let pack = std::fs::read(m.path("sample-moe.pack")).unwrap();
     let after = read_stats();
     assert!(after["reads"].as_u64().unwrap() > before["reads"].as_u64().unwrap());

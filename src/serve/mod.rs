@@ -201,7 +201,14 @@ pub fn mount(source_path: &Path, mountpoint: &str, built: Built, cache: Arc<Chun
             }
         });
     }
-    tracing::info!("mounted {} on {} ({} view, {} files)", source_path.display(), mount_path.display(), view.name(), fs.tree().vfiles().count());
+    tracing::info!(
+        "mounted {} on {} ({} view, {} files; codecs: SIMD {})",
+        source_path.display(),
+        mount_path.display(),
+        view.name(),
+        fs.tree().vfiles().count(),
+        crate::codec::simd::describe()
+    );
     ready.ready(opts.log_file.as_deref());
     // Returns only on errors: a normal end (the kernel unmounted) exits in `destroy`.
     session.run().map_err(MountError::Session)?;
@@ -216,6 +223,7 @@ fn stats_content(stats: Arc<fs::Stats>, cache: Arc<ChunkCache>, files: usize) ->
         let c = &cache.stats;
         let v = serde_json::json!({
             "uptime_s": started.elapsed().as_secs_f64(),
+            "codec_simd": crate::codec::simd::describe(),
             "files": files,
             "reads": stats.reads.load(Relaxed),
             "bytes_served": stats.bytes_served.load(Relaxed),

@@ -297,7 +297,7 @@ impl ChunkSource for Fp8Chunks {
             let mut s = vec![0u8; self.scale_len];
             self.scale.read_exact_at(&mut s, self.scale_offset)?;
             let mut out = vec![0u16; rows * self.geo.cols];
-            self.geo.to_bf16(&w, first, &s, &mut out).map_err(|e| {
+            self.geo.to_bf16_par(&w, first, &s, &mut out).map_err(|e| {
                 let rule = match e {
                     crate::codec::CodecError::BadScale { .. } => format!("non-finite or non-positive FP8 scales ({e})"),
                     crate::codec::CodecError::NonFiniteWeight { .. } => format!("non-finite FP8 non-expert weight ({e})"),

@@ -99,20 +99,32 @@ impl ChunkCache {
         self.insert(key, value);
     }
 
+    /// Compute the chunk at `key` unless it is cached or being computed (prefetching: never
+    /// waits for another computation, so a pool thread running it is never blocked by one).
+    pub fn compute_if_absent<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, ViewError>) -> Option<Result<Arc<[u8]>, ViewError>> {
+        self.fetch(key, compute, false)
+    }
+
     /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
     pub fn get_or_compute<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, ViewError>) -> Result<Arc<[u8]>, ViewError> {
+        self.fetch(key, compute, true).unwrap_or_else(|| Err(ViewError::Internal("chunk lookup without waiting".into())))
+    }
+
+    /// `None` only when `wait` is false and another computation of `key` is in flight.
+    fn fetch<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, ViewError>, wait: bool) -> Option<Result<Arc<[u8]>, ViewError>> {
         if let Some(v) = self.lookup(&key) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(v);
+            return Some(Ok(v));
         }
         let (slot, leader) = {
             let mut inflight = self.inflight.lock();
             // Re-check under the in-flight lock: a computation may have just finished.
             if let Some(v) = self.lookup(&key) {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(v);
+                return Some(Ok(v));
             }
             match inflight.get(&key) {
+                Some(_) if !wait => return None,
                 Some(s) => (s.clone(), false),
                 None => {
                     let s: Slot = Arc::new((Mutex::new(None), Condvar::new()));
@@ -127,11 +139,11 @@ impl ChunkCache {
             while done.is_none() {
                 slot.1.wait(&mut done);
             }
-            return match done.as_ref() {
+            return Some(match done.as_ref() {
                 Some(Ok(v)) => Ok(v.clone()),
                 Some(Err(e)) => Err(ViewError::Shared(e.clone())),
                 None => Err(ViewError::Internal("chunk computation ended without a result".into())),
-            };
+            });
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         // A panic in `compute` must not leave waiters hanging.
@@ -146,7 +158,7 @@ impl ChunkCache {
         *slot.0.lock() = Some(result.clone());
         slot.1.notify_all();
         self.inflight.lock().remove(&key);
-        result.map_err(ViewError::Shared)
+        Some(result.map_err(ViewError::Shared))
     }
 }
 
@@ -202,6 +214,29 @@ mod tests {
         });
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert!(c.stats.waits.load(Ordering::Relaxed) >= 1);
+    }
+
+    #[test]
+    fn prefetching_never_waits_for_a_computation_in_flight() {
+        let c = Arc::new(ChunkCache::new(1 << 20));
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let leader = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                c.get_or_compute((1, 1), || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok(vec![7u8; 3])
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+        assert!(c.compute_if_absent((1, 1), || -> Result<Vec<u8>, ViewError> { panic!("computed twice") }).is_none());
+        release_tx.send(()).unwrap();
+        assert_eq!(&*leader.join().unwrap().unwrap(), &[7u8; 3][..]);
+        assert!(c.compute_if_absent((1, 1), || -> Result<Vec<u8>, ViewError> { panic!("computed twice") }).unwrap().is_ok());
+        assert!(c.compute_if_absent((1, 2), || Ok(vec![1u8])).is_some());
     }
 
     #[test]

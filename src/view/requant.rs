@@ -164,7 +164,7 @@ impl QuantInner {
         self.scale.read_exact_at(&mut scales, self.scale_offset + (first * self.k / 32) as u64)?;
         let mut x = vec![0f32; rows * self.k];
         let content = |rule: String| ViewError::Content { tensor: self.name.clone(), rule };
-        mxfp4::dequantize_deepseek(&packed, &scales, self.k, &mut x).map_err(|e| match e {
+        mxfp4::dequantize_deepseek_par(&packed, &scales, self.k, &mut x).map_err(|e| match e {
             codec::CodecError::E8m0Nan { index } => content(format!(
                 "MXFP4 scale byte 255 (E8M0 NaN) at row {}, block {}",
                 first + index / (self.k / 32),
@@ -180,11 +180,12 @@ impl QuantInner {
 
     fn get(self: &Arc<Self>, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let v = self.cache.get_or_compute((self.id, id), || self.compute(id))?;
-        // Sequential readers: compute the next chunk in the background.
+        // Sequential readers: compute the next chunk in the background (never waiting there
+        // for a computation in flight: a blocked pool thread could be one that computation needs).
         if id + 1 < self.chunks() {
             let me = self.clone();
             rayon::spawn(move || {
-                let _ = me.cache.get_or_compute((me.id, id + 1), || me.compute(id + 1));
+                let _ = me.cache.compute_if_absent((me.id, id + 1), || me.compute(id + 1));
             });
         }
         Ok(v)

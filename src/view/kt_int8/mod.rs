@@ -55,12 +55,12 @@ impl Matrix {
                 w.read_exact_at(&mut packed, *w_off)?;
                 let mut scales = vec![0u8; n * k / 32];
                 s.read_exact_at(&mut scales, *s_off)?;
-                codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).map_err(codec_err)?;
+                codec::mxfp4::dequantize_deepseek_par(&packed, &scales, k, &mut out).map_err(codec_err)?;
             }
             Matrix::Ggml { f, off, nbytes, ty } => {
                 let mut b = vec![0u8; *nbytes as usize];
                 f.read_exact_at(&mut b, *off)?;
-                codec::dequantize(*ty, &b, &mut out).map_err(codec_err)?;
+                codec::dequantize_par(*ty, &b, &mut out).map_err(codec_err)?;
             }
             Matrix::Dense { f, off, dtype } => {
                 let size = match dtype {
@@ -69,11 +69,13 @@ impl Matrix {
                 };
                 let mut b = vec![0u8; n * k * size];
                 f.read_exact_at(&mut b, *off)?;
-                match dtype {
-                    Dtype::F32 => codec::float::f32_to_f32(&b, &mut out),
-                    Dtype::F16 => codec::float::f16_to_f32(&b, &mut out),
-                    _ => codec::float::bf16_to_f32(&b, &mut out),
-                }
+                let name = match dtype {
+                    Dtype::F32 => "F32",
+                    Dtype::F16 => "F16",
+                    _ => "BF16",
+                };
+                let ty = codec::GgmlType::from_name(name).ok_or_else(|| ViewError::Internal(format!("no ggml type {name}")))?;
+                codec::dequantize_par(ty, &b, &mut out).map_err(codec_err)?;
             }
         }
         if let Some(i) = out.iter().position(|v| !v.is_finite()) {
@@ -376,26 +378,18 @@ impl Int8Chunks {
     fn compute_all(&self) -> Result<Vec<Arc<[u8]>>, ViewError> {
         let (rows, cols) = if self.proj == 2 { (self.hidden, self.inter) } else { (self.inter, self.hidden) };
         let w = self.matrix.decode(rows, cols, &self.name)?;
-        use rayon::prelude::*;
-        let parts: Vec<Result<(Arc<[u8]>, Arc<[u8]>), ViewError>> = (0..self.numa).into_par_iter().map(|part| {
+        // One NUMA part after the other, each quantised and packed on all cores.
+        let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
+        let mut out = Vec::with_capacity(2 * self.numa);
+        for part in 0..self.numa {
             let (sub, n, k) = if self.proj == 2 {
                 (kt_int8::numa_split_cols(&w, rows, cols, part, self.numa), self.hidden, self.inter / self.numa)
             } else {
                 (kt_int8::numa_split_rows(&w, rows, cols, part, self.numa), self.inter / self.numa, self.hidden)
             };
-            let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
-            let sub = sub.map_err(codec_err)?;
-            let (mut q, mut d) = (vec![0i8; n * k], vec![0f32; n]);
-            kt_int8::quantize(&sub, n, k, &mut q, &mut d).map_err(codec_err)?;
-            let mut packed = vec![0u8; n * k];
-            kt_int8::pack(&q, n, k, &mut packed).map_err(codec_err)?;
-            Ok((Arc::from(packed), Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())))
-        }).collect();
-        let mut out = Vec::with_capacity(2 * self.numa);
-        for p in parts {
-            let (q, s) = p?;
-            out.push(q);
-            out.push(s);
+            let (packed, d) = kt_int8::quantize_pack_par(&sub.map_err(codec_err)?, n, k).map_err(codec_err)?;
+            out.push(Arc::from(packed));
+            out.push(Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()));
         }
         Ok(out)
     }
