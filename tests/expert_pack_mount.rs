@@ -34,18 +34,7 @@ fn pack_equals_gguf_reader_slices_through_pread_mmap_and_o_direct() {
 #[test]
 fn pack_and_manifest_match_the_seed_build() {
     let out = tempfile::tempdir().unwrap();
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_expert_pack.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(sample())
-            .arg("--out")
-            .arg(out.path())
-            .args(["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192"])
-            .args(["--model-ref", "toy-moe"]),
-    );
+    seed_expert_pack(&sample(), out.path(), &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"]);
     let m = Mount::new(&sample(), &[&format!("model_identity_sha256={ID}"), &format!("config_sha256={CFG}"), "top_k=2", "alignment=8192", "model_ref=toy-moe"]);
     let seed_pack = std::fs::read(out.path().join("sample-moe.pack")).unwrap();
     let our_pack = std::fs::read(m.path("sample-moe.pack")).unwrap();

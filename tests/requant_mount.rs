@@ -8,30 +8,12 @@ use std::process::Command;
 
 use common::*;
 
-fn ggml_lib() -> String {
-    std::env::var("XPACKFS_GGML_LIB").unwrap_or_else(|_| {
-        panic!("XPACKFS_GGML_LIB is not set: build the reference with `bash tools/build_ggml_ref.sh` and export its output (tools/test.sh does)")
-    })
-}
-
 fn fixture(dir: &Path, args: &[&str]) {
     run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(args));
 }
 
 fn seed_convert(src: &Path, out: &Path, recipe: &[&str]) {
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_requant.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(src)
-            .arg("--out")
-            .arg(out)
-            .arg("--ggml-lib")
-            .arg(ggml_lib())
-            .args(recipe),
-    );
+    seed_requant(src, out, recipe);
 }
 
 fn listing(dir: &Path) -> Vec<String> {
