@@ -1,19 +1,26 @@
-//! Codec throughput against the reference ggml, in one process, same rows, one thread.
+//! Codec throughput against the reference ggml, in one process, on the same rows, at
+//! every SIMD level this CPU has, on one thread and on all cores.
 //!
-//!     XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) cargo bench --bench codecs
+//!     XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) flock /tmp/xpackfs-bench.lock cargo bench --bench codecs
 //!
-//! Loads libggml-base.so (XPACKFS_GGML_LIB) with dlopen and times, best of several runs,
-//! each quantiser (xpackfs vs ggml's quantize_<type>, 1 thread) and xpackfs's rayon
-//! driver on all cores; checks the outputs are identical while at it. Prints a table.
+//! Loads libggml-base.so (XPACKFS_GGML_LIB) with dlopen. Each repetition times every
+//! variant once in turn (ggml 1 thread, each level 1 thread, ggml all cores, each level
+//! all cores: ggml's row functions run under the same rayon split as xpackfs's), and the
+//! table gives medians; ratios are against ggml with the same thread count (or, where ggml
+//! has no such codec, against xpackfs's scalar level). Every output is checked identical to
+//! ggml's (or the scalar level's) while at it.
 
 use std::time::Instant;
 
-use xpackfs::codec::{self, QuantType};
+use rayon::prelude::*;
+use xpackfs::codec::simd::{self, Level};
+use xpackfs::codec::{self, fp8, kt_int8, mxfp4, GgmlType, QuantType};
 
 type QuantFn = unsafe extern "C" fn(*const f32, *mut u8, i64, i64, *const f32) -> usize;
+type DequantFn = unsafe extern "C" fn(*const u8, *mut f32, i64);
 
 fn rows(n: usize, k: usize) -> Vec<f32> {
-    // Deterministic weight-like data: xorshift + Box-Muller-ish mix.
+    // Deterministic weight-like data: xorshift + a mix of two uniforms.
     let mut s = 0x2545F4914F6CDD1Du64;
     (0..n * k)
         .map(|_| {
@@ -27,96 +34,238 @@ fn rows(n: usize, k: usize) -> Vec<f32> {
         .collect()
 }
 
-fn best<F: FnMut()>(mut f: F, reps: usize) -> f64 {
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Time every variant `reps` times, interleaved; medians in seconds.
+fn interleaved(variants: &mut [Box<dyn FnMut() + '_>], reps: usize) -> Vec<f64> {
+    let mut t = vec![Vec::new(); variants.len()];
+    for _ in 0..reps {
+        for (i, f) in variants.iter_mut().enumerate() {
+            let t0 = Instant::now();
             f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::MAX, f64::min)
+            t[i].push(t0.elapsed().as_secs_f64());
+        }
+    }
+    t.into_iter().map(median).collect()
+}
+
+struct Table {
+    cores: usize,
+}
+
+impl Table {
+    fn header(&self, what: &str, unit: &str, peer: &str) {
+        println!("\n{what} ({unit}; ratio = xpackfs / {peer}, same thread count)");
+        println!("| {:<24} | {:<7} | {:>10} | {:>10} | {:>6} | {:>10} | {:>10} | {:>6} |", "codec", "level", format!("{peer} 1t"), "xpackfs 1t", "ratio",
+            format!("{peer} {}t", self.cores), format!("xpackfs {}t", self.cores), "ratio");
+        println!("|{:-<26}|{:-<9}|{:->12}|{:->12}|{:->8}|{:->12}|{:->12}|{:->8}|", "", "", "", "", "", "", "", "");
+    }
+    /// `t`: [peer 1t, level... 1t, peer Nt, level... Nt] in seconds for `m` million units.
+    fn rows(&self, name: &str, levels: &[Level], t: &[f64], m: f64) {
+        let nl = levels.len();
+        for (i, l) in levels.iter().enumerate() {
+            let (p1, x1, pn, xn) = (t[0], t[1 + i], t[1 + nl], t[2 + nl + i]);
+            println!("| {:<24} | {:<7} | {:>10.1} | {:>10.1} | {:>6.2} | {:>10.1} | {:>10.1} | {:>6.2} |", name, l.name(), m / p1, m / x1, p1 / x1, m / pn, m / xn, pn / xn);
+        }
+    }
 }
 
 fn main() {
     let lib_path = std::env::var("XPACKFS_GGML_LIB").ok();
+    // SAFETY: loading the reference ggml library, whose initialisers are plain C.
     let lib = lib_path.as_ref().map(|p| unsafe { libloading::Library::new(p).expect("load XPACKFS_GGML_LIB") });
-    if lib.is_none() {
-        eprintln!("XPACKFS_GGML_LIB not set: timing xpackfs only (build the reference with tools/build_ggml_ref.sh)");
-    }
-    if let Some(l) = &lib {
-        let init: libloading::Symbol<unsafe extern "C" fn(i32)> = unsafe { l.get(b"ggml_quantize_init").unwrap() };
-        unsafe { init(16) };
+    let Some(lib) = lib else {
+        eprintln!("XPACKFS_GGML_LIB not set: build the reference with tools/build_ggml_ref.sh (nothing timed)");
+        return;
+    };
+    // SAFETY: ggml_quantize_init(type) builds the IQ2 tables; called once, before any use.
+    unsafe {
+        let init: libloading::Symbol<unsafe extern "C" fn(i32)> = lib.get(b"ggml_quantize_init").unwrap();
+        init(16);
     }
     // `cargo bench` passes --bench; under `cargo test --all-targets` this runs as a quick
-    // smoke test (debug build, tiny sizes) instead.
+    // smoke test (debug build, tiny sizes, one repetition) instead.
     let full = std::env::args().any(|a| a == "--bench");
-    let (n, k) = if full { (512usize, 4096usize) } else { (4, 256) };
+    let (n, k) = if full { (512usize, 4096usize) } else { (64, 256) };
     let reps = if full { 5 } else { 1 };
-    let x = rows(n, k);
+    let xv = rows(n, k);
+    let x: &[f32] = &xv;
     let unit = vec![1.0f32; k];
     let imat: Vec<f32> = (0..k).map(|i| 0.5 + ((i * 37) % 101) as f32 / 50.0).collect();
-    let pool1 = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("quantisers: {n} rows x {k} values, best of 5; Mw/s = million weights per second");
-    println!("{:<22} {:>10} {:>12} {:>8} {:>16}", "quantiser", "ggml 1t", "xpackfs 1t", "ratio", format!("xpackfs {cores}t"));
-    let cases: [(&str, QuantType, &[u8], Option<&[f32]>); 5] = [
+    let levels = simd::available();
+    let table = Table { cores: rayon::current_num_threads() };
+    let pool1v = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool1 = &pool1v;
+    println!("{n} rows x {k} values, median of {reps}; SIMD levels {:?}; process level {}", levels.iter().map(|l| l.name()).collect::<Vec<_>>(), simd::describe());
+    println!("(machine load during the run: {})", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+
+    table.header("quantisers", "million weights/s", "ggml");
+    let cases: [(&str, QuantType, &[u8], Option<&[f32]>); 6] = [
         ("Q8_0", QuantType::Q8_0, b"quantize_q8_0", None),
-        ("Q2_K (no importance)", QuantType::Q2K, b"quantize_q2_K", None),
+        ("Q2_K (reference path)", QuantType::Q2K, b"quantize_q2_K", None),
         ("Q2_K (unit importance)", QuantType::Q2K, b"quantize_q2_K", Some(&unit)),
         ("Q2_K (imatrix)", QuantType::Q2K, b"quantize_q2_K", Some(&imat)),
         ("IQ2_XXS (unit)", QuantType::Iq2Xxs, b"quantize_iq2_xxs", Some(&unit)),
+        ("IQ2_XXS (imatrix)", QuantType::Iq2Xxs, b"quantize_iq2_xxs", Some(&imat)),
     ];
     for (name, ty, sym, imp) in cases {
         let g = ty.ggml();
-        let out_len = n * (k / g.block_size as usize) * g.type_size as usize;
-        let mut ours = vec![0u8; out_len];
-        let mw = (n * k) as f64 / 1e6;
-        let t_ours = best(|| pool1.install(|| codec::quantize_rows(ty, &x, k, imp, &mut ours).unwrap()), reps);
-        let mut par = vec![0u8; out_len];
-        let t_par = best(|| codec::quantize_rows_par(ty, &x, k, imp, &mut par).unwrap(), reps);
-        assert_eq!(ours, par);
-        let ref_col = match &lib {
-            Some(l) => {
-                let f: libloading::Symbol<QuantFn> = unsafe { l.get(sym).unwrap() };
-                let mut theirs = vec![0u8; out_len];
-                let ip = imp.map_or(std::ptr::null(), |v| v.as_ptr());
-                let t = best(|| unsafe { f(x.as_ptr(), theirs.as_mut_ptr(), n as i64, k as i64, ip); }, reps);
-                assert!(theirs == ours, "{name}: output differs from the reference");
-                Some(t)
-            }
-            None => None,
+        let row_bytes = k / g.block_size as usize * g.type_size as usize;
+        // SAFETY: the symbol has this C signature in ggml-quants.h.
+        let f: QuantFn = unsafe { *lib.get::<QuantFn>(sym).unwrap() };
+        let ip = imp.map_or(0usize, |v| v.as_ptr() as usize);
+        let ggml = move |src: &[f32], dst: &mut [u8]| {
+            // SAFETY: src holds dst.len() / row_bytes rows of k values; ip is null or k values.
+            unsafe { f(src.as_ptr(), dst.as_mut_ptr(), (dst.len() / row_bytes) as i64, k as i64, ip as *const f32) };
         };
-        match ref_col {
-            Some(t) => println!("{name:<22} {:>10.1} {:>12.1} {:>8.2} {:>16.1}", mw / t, mw / t_ours, t / t_ours, mw / t_par),
-            None => println!("{name:<22} {:>10} {:>12.1} {:>8} {:>16.1}", "-", mw / t_ours, "-", mw / t_par),
+        let mut outs: Vec<Vec<u8>> = (0..2 + 2 * levels.len()).map(|_| vec![0u8; n * row_bytes]).collect();
+        {
+            let mut it = outs.iter_mut();
+            let mut v: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+            let o = it.next().unwrap();
+            v.push(Box::new(|| ggml(x, o)));
+            for &l in &levels {
+                let o = it.next().unwrap();
+                v.push(Box::new(move || pool1.install(|| codec::quantize_rows_at(l, ty, x, k, imp, o).unwrap())));
+            }
+            let o = it.next().unwrap();
+            v.push(Box::new(|| x.par_chunks(16 * k).zip(o.par_chunks_mut(16 * row_bytes)).for_each(|(s, d)| ggml(s, d))));
+            for &l in &levels {
+                let o = it.next().unwrap();
+                v.push(Box::new(move || codec::quantize_rows_par_at(l, ty, x, k, imp, o).unwrap()));
+            }
+            let t = interleaved(&mut v, reps);
+            drop(v);
+            table.rows(name, &levels, &t, (n * k) as f64 / 1e6);
+        }
+        for o in &outs[1..] {
+            assert!(*o == outs[0], "{name}: output differs from the reference");
         }
     }
 
-    // Decoders, 1 thread (the numpy peers are timed by tools/ggml_ref.py bench).
-    println!("\ndecoders: 1 thread, million values per second");
-    let blocks = |ty: QuantType| {
-        let g = ty.ggml();
-        let mut b = vec![0u8; n * (k / g.block_size as usize) * g.type_size as usize];
-        codec::quantize_rows(ty, &x, k, Some(&unit), &mut b).unwrap();
-        (g, b)
-    };
-    let mut out = vec![0f32; n * k];
-    for ty in [QuantType::Q8_0, QuantType::Q2K, QuantType::Iq2Xxs] {
-        let (g, b) = blocks(ty);
-        let t = best(|| codec::dequantize(g, &b, &mut out).unwrap(), reps);
-        println!("{:<22} {:>10.0}", g.name, (n * k) as f64 / 1e6 / t);
+    // Decoders on 64 rows (1 MiB of f32 out, cache-resident: the codec's speed, not the
+    // memory system's), many more repetitions since each run is short.
+    let (n, reps) = if full { (64, 41) } else { (n, reps) };
+    let x = &x[..n * k];
+    table.header(&format!("decoders, {n} rows x {k}, median of {reps}"), "million values/s", "ggml");
+    for name in ["Q8_0", "Q2_K", "Q4_K", "Q6_K", "IQ2_XXS", "MXFP4", "F16", "BF16"] {
+        let ty = GgmlType::from_name(name).unwrap();
+        let (bs, ts) = (ty.block_size as usize, ty.type_size as usize);
+        let src: Vec<u8> = match name {
+            "F16" => x.iter().flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes()).collect(),
+            "BF16" => x.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect(),
+            "MXFP4" => (0..n * k / 32 * 17).map(|i| if i % 17 == 0 { 120 + (i % 9) as u8 } else { (i * 73 % 256) as u8 }).collect(),
+            _ => {
+                let sym = format!("quantize_{}", name.to_lowercase().replace("_k", "_K"));
+                // SAFETY: as above.
+                let f: QuantFn = unsafe { *lib.get::<QuantFn>(sym.as_bytes()).unwrap() };
+                let mut b = vec![0u8; n * k / bs * ts];
+                // SAFETY: n rows of k values into n * k / bs blocks; unit importance.
+                unsafe { f(x.as_ptr(), b.as_mut_ptr(), n as i64, k as i64, unit.as_ptr()) };
+                b
+            }
+        };
+        let sym = match name {
+            "F16" => "ggml_fp16_to_fp32_row".to_string(),
+            "BF16" => "ggml_bf16_to_fp32_row".to_string(),
+            _ => format!("dequantize_row_{}", name.to_lowercase().replace("_k", "_K")),
+        };
+        // SAFETY: dequantize_row_* / ggml_*_to_fp32_row(src, dst, count) in ggml.h.
+        let f: DequantFn = unsafe { *lib.get::<DequantFn>(sym.as_bytes()).unwrap() };
+        let ggml = move |s: &[u8], d: &mut [f32]| {
+            // SAFETY: s holds whole blocks decoding to d.len() values.
+            unsafe { f(s.as_ptr(), d.as_mut_ptr(), d.len() as i64) }
+        };
+        let chunk = 1 << 16;
+        let mut outs: Vec<Vec<f32>> = (0..2 + 2 * levels.len()).map(|_| vec![0f32; n * k]).collect();
+        {
+            let mut it = outs.iter_mut();
+            let mut v: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+            let o = it.next().unwrap();
+            let s = &src;
+            v.push(Box::new(move || ggml(s, o)));
+            for &l in &levels {
+                let o = it.next().unwrap();
+                v.push(Box::new(move || codec::dequantize_at(l, ty, s, o).unwrap()));
+            }
+            let o = it.next().unwrap();
+            v.push(Box::new(move || s.par_chunks(chunk / bs * ts).zip(o.par_chunks_mut(chunk)).for_each(|(s, d)| ggml(s, d))));
+            for &l in &levels {
+                let o = it.next().unwrap();
+                v.push(Box::new(move || {
+                    s.par_chunks(chunk / bs * ts).zip(o.par_chunks_mut(chunk)).for_each(|(s, d)| codec::dequantize_at(l, ty, s, d).unwrap())
+                }));
+            }
+            let t = interleaved(&mut v, reps);
+            drop(v);
+            table.rows(name, &levels, &t, (n * k) as f64 / 1e6);
+        }
+        for o in &outs[1..] {
+            assert!(o.iter().map(|v| v.to_bits()).eq(outs[0].iter().map(|v| v.to_bits())), "{name}: decoded values differ from the reference");
+        }
     }
-    let mx: Vec<u8> = (0..n * k / 32 * 17).map(|i| if i % 17 == 0 { 120 + (i % 9) as u8 } else { (i * 73) as u8 }).collect();
-    let t = best(|| codec::dequantize(xpackfs::codec::GgmlType::from_name("MXFP4").unwrap(), &mx, &mut out).unwrap(), reps);
-    println!("{:<22} {:>10.0}", "MXFP4 (ggml blocks)", (n * k) as f64 / 1e6 / t);
-    let packed: Vec<u8> = (0..n * k / 2).map(|i| (i * 29) as u8).collect();
+
+    // No ggml peer: ratios against xpackfs's own scalar level (the "scalar" rows read 1.00).
+    table.header(&format!("xpackfs-only codecs, {n} rows x {k}, median of {reps}"), "million values/s", "scalar");
+    let packed: Vec<u8> = (0..n * k / 2).map(|i| (i * 29 % 256) as u8).collect();
     let scales: Vec<u8> = (0..n * k / 32).map(|i| 118 + (i % 11) as u8).collect();
-    let t = best(|| codec::mxfp4::dequantize_deepseek(&packed, &scales, k, &mut out).unwrap(), reps);
-    println!("{:<22} {:>10.0}", "MXFP4 (DeepSeek)", (n * k) as f64 / 1e6 / t);
-    let fp8: Vec<u8> = (0..n * k).map(|i| ((i * 13) % 126) as u8).collect();
-    let geo = codec::fp8::Fp8Blocks { rows: n, cols: k, block_rows: 128, block_cols: 128 };
+    let fp8w: Vec<u8> = (0..n * k).map(|i| ((i * 13) % 126) as u8).collect();
+    let geo = fp8::Fp8Blocks { rows: n, cols: k, block_rows: 128, block_cols: 128 };
     let s8 = vec![120u8; n.div_ceil(128) * k.div_ceil(128)];
-    let mut bf = vec![0u16; n * k];
-    let t = best(|| geo.to_bf16(&fp8, 0, &s8, &mut bf).unwrap(), reps);
-    println!("{:<22} {:>10.0}", "FP8 E4M3 -> BF16", (n * k) as f64 / 1e6 / t);
+    let (kn, kk) = (n / 64 * 64, k);
+    type Job<'a> = Box<dyn Fn(Level, bool) + Sync + 'a>;
+    let jobs: Vec<(&str, Job)> = vec![
+        ("MXFP4 (DeepSeek) -> f32", Box::new(|l: Level, par: bool| {
+            let mut o = vec![0f32; n * k];
+            if par {
+                o.par_chunks_mut(16 * k).zip(packed.par_chunks(8 * k)).zip(scales.par_chunks(k / 2)).for_each(|((d, p), s)| mxfp4::dequantize_deepseek_at(l, p, s, k, d).unwrap());
+            } else {
+                mxfp4::dequantize_deepseek_at(l, &packed, &scales, k, &mut o).unwrap();
+            }
+            std::hint::black_box(o);
+        })),
+        ("FP8 E4M3 -> BF16", Box::new(|l: Level, par: bool| {
+            let mut o = vec![0u16; n * k];
+            if par {
+                fp8w.par_chunks(16 * k).zip(o.par_chunks_mut(16 * k)).enumerate().for_each(|(c, (w, d))| geo.to_bf16_at(l, w, 16 * c, &s8, d).unwrap());
+            } else {
+                geo.to_bf16_at(l, &fp8w, 0, &s8, &mut o).unwrap();
+            }
+            std::hint::black_box(o);
+        })),
+        ("kt INT8 quantise + pack", Box::new(|l: Level, par: bool| {
+            let w = &x[..kn * kk];
+            let mut packed = vec![0u8; kn * kk];
+            let mut d = vec![0f32; kn];
+            if par {
+                packed.par_chunks_mut(64 * kk).zip(d.par_chunks_mut(64)).zip(w.par_chunks(64 * kk)).for_each(|((p, d), w)| {
+                    let mut q = vec![0i8; 64 * kk];
+                    kt_int8::quantize_at(l, w, 64, kk, &mut q, d).unwrap();
+                    kt_int8::pack(&q, 64, kk, p).unwrap();
+                });
+            } else {
+                let mut q = vec![0i8; kn * kk];
+                kt_int8::quantize_at(l, w, kn, kk, &mut q, &mut d).unwrap();
+                kt_int8::pack(&q, kn, kk, &mut packed).unwrap();
+            }
+            std::hint::black_box((packed, d));
+        })),
+    ];
+    for (name, job) in &jobs {
+        let mut v: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+        v.push(Box::new(|| pool1.install(|| job(Level::Scalar, false))));
+        for &l in &levels {
+            v.push(Box::new(move || pool1.install(|| job(l, false))));
+        }
+        v.push(Box::new(|| job(Level::Scalar, true)));
+        for &l in &levels {
+            v.push(Box::new(move || job(l, true)));
+        }
+        let t = interleaved(&mut v, reps);
+        table.rows(name, &levels, &t, (n * k) as f64 / 1e6);
+    }
+    // (Bit-exactness of these three at every level is tests/codec_simd.rs's job.)
 }

@@ -2,7 +2,11 @@
 //! with a `pread` of it. It measures the FUSE transport alone on this machine; it has the
 //! same worker threads, request sizes and page-cache policy as xpackfs.
 //!
-//!     cargo run --release --example minipass -- FILE MOUNTPOINT [--threads 8] [--direct-io]
+//!     cargo run --release --example minipass -- FILE MOUNTPOINT [--threads 8] [--direct-io] [--no-read]
+//!
+//! `--no-read` answers every read from a zeroed buffer without reading the file: the
+//! transport with the daemon's copy of the bytes taken out, an upper bound on what a
+//! zero-copy reply path (splice from the source to /dev/fuse) could gain.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::FileExt;
@@ -17,6 +21,7 @@ struct Pass {
     file: std::fs::File,
     size: u64,
     direct_io: bool,
+    no_read: bool,
 }
 
 fn attr(ino: u64, size: u64, dir: bool) -> FileAttr {
@@ -64,6 +69,10 @@ impl Filesystem for Pass {
     #[allow(clippy::too_many_arguments)]
     fn read(&self, _r: &Request, _ino: INodeNo, _fh: FileHandle, off: u64, size: u32, _f: OpenFlags, _l: Option<LockOwner>, reply: ReplyData) {
         let n = (size as u64).min(self.size.saturating_sub(off)) as usize;
+        if self.no_read {
+            static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+            return reply.data(&ZEROS[..n.min(ZEROS.len())]);
+        }
         let mut buf = vec![0u8; n];
         match self.file.read_exact_at(&mut buf, off) {
             Ok(()) => reply.data(&buf),
@@ -93,6 +102,6 @@ fn main() {
     config.mount_options = vec![MountOption::RO, MountOption::FSName("minipass".into())];
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    let fs = Pass { file, size, direct_io: args.iter().any(|a| a == "--direct-io") };
+    let fs = Pass { file, size, direct_io: args.iter().any(|a| a == "--direct-io"), no_read: args.iter().any(|a| a == "--no-read") };
     fuser::mount(fs, &args[2], &config).expect("mount");
 }

@@ -1,7 +1,8 @@
 //! Golden vectors from the reference ggml (tools/ggml_ref.py golden): every quantiser and
-//! decoder must reproduce them bit for bit. Format: see tools/ggml_ref.py.
+//! decoder must reproduce them bit for bit, at every SIMD level this machine has.
+//! Format: see tools/ggml_ref.py.
 
-use xpackfs::codec::{self, GgmlType, QuantType};
+use xpackfs::codec::{self, simd, GgmlType, QuantType};
 
 struct Record {
     name: String,
@@ -57,21 +58,23 @@ fn quantisers_match_ggml_bit_for_bit() {
     assert!(records.len() >= 150);
     let mut failures = Vec::new();
     let mut kinds = std::collections::BTreeSet::new();
-    for r in &records {
-        let ty = QuantType::from_name(&r.ty).unwrap();
-        kinds.insert((r.ty.clone(), r.importance.is_some()));
-        let src: Vec<f32> = r.input.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        assert_eq!(src.len(), r.rows * r.n_per_row);
-        let mut dst = vec![0u8; r.expected.len()];
-        codec::quantize_rows(ty, &src, r.n_per_row, r.importance.as_deref(), &mut dst).unwrap();
-        if dst != r.expected {
-            let first = dst.iter().zip(&r.expected).position(|(a, b)| a != b).unwrap();
-            failures.push(format!("{}: first differing byte {first}", r.name));
+    for level in simd::available() {
+        for r in &records {
+            let ty = QuantType::from_name(&r.ty).unwrap();
+            kinds.insert((r.ty.clone(), r.importance.is_some()));
+            let src: Vec<f32> = r.input.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(src.len(), r.rows * r.n_per_row);
+            let mut dst = vec![0u8; r.expected.len()];
+            codec::quantize_rows_at(level, ty, &src, r.n_per_row, r.importance.as_deref(), &mut dst).unwrap();
+            if dst != r.expected {
+                let first = dst.iter().zip(&r.expected).position(|(a, b)| a != b).unwrap();
+                failures.push(format!("{} at {level}: first differing byte {first}", r.name));
+            }
+            // The parallel driver gives the same bytes.
+            let mut par = vec![0u8; r.expected.len()];
+            codec::quantize_rows_par_at(level, ty, &src, r.n_per_row, r.importance.as_deref(), &mut par).unwrap();
+            assert_eq!(par, dst, "{} at {level}: parallel driver differs", r.name);
         }
-        // The parallel driver gives the same bytes.
-        let mut par = vec![0u8; r.expected.len()];
-        codec::quantize_rows_par(ty, &src, r.n_per_row, r.importance.as_deref(), &mut par).unwrap();
-        assert_eq!(par, dst, "{}: parallel driver differs", r.name);
     }
     assert!(failures.is_empty(), "{} of {} records differ:\n{}", failures.len(), records.len(), failures.join("\n"));
     // Every quantiser, with and without importance where it has both paths.
@@ -84,13 +87,15 @@ fn quantisers_match_ggml_bit_for_bit() {
 fn decoders_match_ggml_bit_for_bit() {
     let records = parse(&format!("{DIR}/dequantize.bin"));
     let mut seen = Vec::new();
-    for r in &records {
-        let ty = GgmlType::from_name(&r.ty).unwrap();
-        let mut dst = vec![0f32; r.expected.len() / 4];
-        codec::dequantize(ty, &r.input, &mut dst).unwrap();
-        let got: Vec<u8> = dst.iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert!(got == r.expected, "{}: decoded values differ from the reference", r.name);
-        seen.push(r.ty.clone());
+    for level in simd::available() {
+        for r in &records {
+            let ty = GgmlType::from_name(&r.ty).unwrap();
+            let mut dst = vec![0f32; r.expected.len() / 4];
+            codec::dequantize_at(level, ty, &r.input, &mut dst).unwrap();
+            let got: Vec<u8> = dst.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert!(got == r.expected, "{} at {level}: decoded values differ from the reference", r.name);
+            seen.push(r.ty.clone());
+        }
     }
     for t in ["Q8_0", "Q2_K", "Q4_K", "Q6_K", "IQ2_XXS", "MXFP4", "F16", "BF16"] {
         assert!(seen.iter().any(|s| s == t), "no golden decode records for {t}");

@@ -69,24 +69,6 @@ fn opts<'a>(base: &[&'a str], extra: &'a [String]) -> Vec<&'a str> {
     base.iter().copied().chain(extra.iter().map(String::as_str)).collect()
 }
 
-/// The fourth seed's output for the default recipe.
-fn seed_requant(src: &Path) -> tempfile::TempDir {
-    let out = tempfile::tempdir().unwrap();
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_requant.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(src)
-            .arg("--out")
-            .arg(out.path())
-            .arg("--ggml-lib")
-            .arg(ggml_lib()),
-    );
-    out
-}
-
 #[test]
 fn a_restarted_mount_computes_nothing_and_serves_the_seeds_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,7 +77,8 @@ fn a_restarted_mount_computes_nothing_and_serves_the_seeds_bytes() {
 
     // requant: the first mount computes and keeps every chunk, the second only reads them.
     let src = v41(&dir.path().join("v41"), &[]);
-    let seed = seed_requant(&src);
+    let seed = tempfile::tempdir().unwrap();
+    seed_requant(&src, seed.path(), &[]);
     let first = Mount::new(&src, &opts(&["view=requant"], &c));
     let a = read_all(&first.mountpoint);
     settle(&first);

@@ -34,18 +34,7 @@ fn pack_equals_gguf_reader_slices_through_pread_mmap_and_o_direct() {
 #[test]
 fn pack_and_manifest_match_the_seed_build() {
     let out = tempfile::tempdir().unwrap();
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_expert_pack.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(sample())
-            .arg("--out")
-            .arg(out.path())
-            .args(["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192"])
-            .args(["--model-ref", "toy-moe"]),
-    );
+    seed_expert_pack(&sample(), out.path(), &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"]);
     let m = Mount::new(&sample(), &[&format!("model_identity_sha256={ID}"), &format!("config_sha256={CFG}"), "top_k=2", "alignment=8192", "model_ref=toy-moe"]);
     let seed_pack = std::fs::read(out.path().join("sample-moe.pack")).unwrap();
     let our_pack = std::fs::read(m.path("sample-moe.pack")).unwrap();
@@ -291,12 +280,12 @@ fn mount_helper_forms() {
     // The same argv form directly, and the flag form: both give the same files.
     run_ok(Command::new(bin()).arg(sample()).arg(&mnt).arg("-o").arg(format!("top_k=3,digest_store={}", store.path().display())));
     let a = std::fs::read(mnt.join("sample-moe.pack")).unwrap();
-    run_ok(Command::new("umount").arg(&mnt));
+    umount(&mnt);
     wait_until("daemon exit", Duration::from_secs(10), || live_processes_mentioning(&mnt.to_string_lossy()).is_empty());
     run_ok(Command::new(bin()).arg("mount").arg(sample()).arg(&mnt).args(["--top-k", "3", "--digest-store"]).arg(store.path()));
     let b = std::fs::read(mnt.join("sample-moe.pack")).unwrap();
     assert!(a == b);
-    run_ok(Command::new("umount").arg(&mnt));
+    umount(&mnt);
 
     // mount.fuse3 with drop_privileges opens /dev/fuse itself and passes /dev/fd/N.
     wait_until("daemon exit", Duration::from_secs(10), || live_processes_mentioning(&mnt.to_string_lossy()).is_empty());
@@ -311,7 +300,7 @@ fn mount_helper_forms() {
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(mnt.join("sample-moe.pack.manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["pack_path"], mnt.join("sample-moe.pack").to_string_lossy().as_ref());
     assert_eq!(std::fs::read(mnt.join("sample-moe.pack")).unwrap().len(), a.len());
-    run_ok(Command::new("umount").arg(&mnt));
+    umount(&mnt);
 }
 
 #[test]
@@ -368,6 +357,8 @@ fn stats_json_reports_reads_and_the_cache() {
     let m = Mount::new(&sample(), &[]);
     let read_stats = || -> serde_json::Value { serde_json::from_slice(&std::fs::read(m.path(".xpackfs/stats.json")).unwrap()).unwrap() };
     let before = read_stats();
+    // The codecs' SIMD level in use is reported (the level `xpackfs --version` names).
+    assert!(["scalar", "avx2", "avx512"].iter().any(|l| before["codec_simd"].as_str().is_some_and(|s| s.starts_with(l))), "{before}");
     let pack = std::fs::read(m.path("sample-moe.pack")).unwrap();
     let after = read_stats();
     assert!(after["reads"].as_u64().unwrap() > before["reads"].as_u64().unwrap());

@@ -302,3 +302,33 @@ fn verify_finds_damage_the_manifests_describe() {
         assert!(stderr(&r).contains(message), "{opts}: {}", stderr(&r));
     }
 }
+
+/// A run stopped by bad content (an E8M0 NaN scale, found only when that shard is computed)
+/// leaves partial files and the state only, never a final file, and names the file and the
+/// rule; a run whose `--verify` fails leaves no final file either.
+#[test]
+fn a_failed_run_leaves_no_final_file() {
+    let src = tempfile::tempdir().unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256", "--corrupt", "expert_e8m0_nan"]));
+    let out = tempfile::tempdir().unwrap();
+    let r = materialize(src.path(), out.path(), &["-o", "view=requant,digest_store=none"]);
+    assert!(!r.status.success());
+    let err = stderr(&r);
+    assert!(err.contains("quant-0000") && err.contains("E8M0 NaN"), "{err}");
+    assert_eq!(files(out.path()), Vec::<String>::new(), "final files left by a failed run");
+    assert!(out.path().join(".xpackfs-materialize.json").exists(), "the state is kept for --resume");
+
+    // --verify failing after every file was written: the files go back to partials.
+    let good = tempfile::tempdir().unwrap();
+    let out = good.path().join("pack");
+    let r = materialize(&sample(), &out, &["-o", "top_k=2,digest_store=none"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let pack = out.join("sample-moe.pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let n = bytes.len();
+    bytes[n - 5000] ^= 1;
+    std::fs::write(&pack, bytes).unwrap();
+    let r = materialize(&sample(), &out, &["-o", "top_k=2,digest_store=none", "--resume", "--verify"]);
+    assert!(!r.status.success() && stderr(&r).contains("does not match sample-moe.pack"), "{}", stderr(&r));
+    assert_eq!(files(&out), Vec::<String>::new(), "unverified final files left");
+}

@@ -13,19 +13,7 @@ fn fixture(dir: &Path, args: &[&str]) {
 }
 
 fn seed_convert(src: &Path, out: &Path, recipe: &[&str]) {
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_requant.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(src)
-            .arg("--out")
-            .arg(out)
-            .arg("--ggml-lib")
-            .arg(ggml_lib())
-            .args(recipe),
-    );
+    seed_requant(src, out, recipe);
 }
 
 fn listing(dir: &Path) -> Vec<String> {

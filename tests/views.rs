@@ -68,17 +68,7 @@ const CFG: &str = "2222222222222222222222222222222222222222222222222222222222222
 #[test]
 fn expert_pack_equals_the_seed_build() {
     let (seed, out, store) = (tmp(), tmp(), tmp());
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_expert_pack.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(sample())
-            .arg("--out")
-            .arg(seed.path())
-            .args(["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"]),
-    );
+    seed_expert_pack(&sample(), seed.path(), &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"]);
     let (id, cfg) = (format!("model_identity_sha256={ID}"), format!("config_sha256={CFG}"));
     let built = dump(&sample(), &[&id, &cfg, "top_k=2", "alignment=8192", "model_ref=toy-moe"], out.path(), out.path(), store.path());
     assert_eq!(built.view.name(), "expert-pack");
@@ -102,22 +92,10 @@ fn bf16_cache_equals_the_reference_conversion() {
 
 #[test]
 fn requant_equals_the_seed_convert() {
-    let lib = std::env::var("XPACKFS_GGML_LIB").expect("XPACKFS_GGML_LIB (tools/build_ggml_ref.sh)");
     let (src, seed, out, store) = (tmp(), tmp(), tmp(), tmp());
     run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
     let src_path = std::fs::canonicalize(src.path()).unwrap();
-    run_ok(
-        python()
-            .arg(repo().join("tools/run_seed_requant.py"))
-            .arg("--seeds")
-            .arg(shared().join("seeds"))
-            .arg("--source")
-            .arg(&src_path)
-            .arg("--out")
-            .arg(seed.path())
-            .arg("--ggml-lib")
-            .arg(&lib),
-    );
+    seed_requant(&src_path, seed.path(), &[]);
     dump(&src_path, &["view=requant", "cache_mb=1"], Path::new("/mnt/x"), out.path(), store.path());
     assert_same_files(seed.path(), out.path());
 }

@@ -26,7 +26,6 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TORCH_NAMES = {"BF16": "bfloat16", "F32": "float32", "I64": "int64", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
                "I8": "int8", "U8": "uint8", "F16": "float16"}

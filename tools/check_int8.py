@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-TABLE = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+from xptools import mxfp4
 
 
 def layout_offsets(n: int, k: int) -> np.ndarray:
@@ -62,9 +62,7 @@ def source_experts(src: Path):
             s = data[name[:-len(".weight")] + ".scale"]
             packed = np.frombuffer(bytes(v["data"]), np.uint8).reshape(v["shape"])
             sc = np.frombuffer(bytes(s["data"]), np.uint8).reshape(s["shape"])
-            w = np.empty((packed.shape[0], packed.shape[1] * 2), np.float32)
-            w[:, 0::2], w[:, 1::2] = TABLE[packed & 15], TABLE[packed >> 4]
-            w *= np.repeat(np.exp2(sc.astype(np.float32) - 127), 32, axis=1)
+            w = mxfp4.decode(packed, sc)
             out[(int(m.group(1)), int(m.group(2)), {"w1": "gate", "w3": "up", "w2": "down"}[m.group(3)])] = w
         m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", name)
         if m:

@@ -28,8 +28,7 @@ from pathlib import Path
 import numpy as np
 import gguf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from expert_pack_format import (  # noqa: E402
+from expert_pack_format import (
     ENTRY_STRUCT, FLAG_IDENTITY_PAYLOAD, FLAG_TRIPLET_OBJECTS, HEADER_STRUCT, ROLE_NAMES, align_up, read_pack_index,
 )
 

@@ -8,8 +8,11 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
     python3 tools/ggml_ref.py golden [--out tests/golden]
         regenerate the golden vectors that `cargo test` checks byte for byte
     python3 tools/ggml_ref.py diff --rows 100000 [--seed 1] [--types q2_k,q2_k_imat,iq2_xxs,q8_0]
+                                  [--levels scalar,avx2,avx512]
         randomized differential test of `xpackfs codec quantize` against the reference,
-        over several distributions; prints mismatches and exits 1 if there are any
+        over several distributions (adversarial ones included), at every SIMD level this
+        CPU has (XPACKFS_SIMD=level; --levels to choose); prints mismatches and exits 1 if
+        there are any
     python3 tools/ggml_ref.py bench [--rows 4096]
         decoder throughput, xpackfs vs the numpy peers (gguf.quants.dequantize, the
         fourth seed's MXFP4 formula); quantisers vs ggml are in `cargo bench --bench codecs`
@@ -104,8 +107,27 @@ class Ggml:
         return out
 
 
+def cpu_levels() -> list[str]:
+    """The SIMD levels xpackfs can run here (its own detection: avx2 needs AVX2 + F16C,
+    avx512 also AVX-512 F/BW/VL)."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    levels = ["scalar"]
+    if {"avx2", "f16c"} <= flags:
+        levels.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+            levels.append("avx512")
+    return levels
+
+
 def xpackfs_quantize(binary: str, qtype: T, rows: np.ndarray, imatrix: np.ndarray | None, threads: int | None = None,
-                     tmp: Path = Path("/tmp")) -> tuple[bytes, float]:
+                     tmp: Path = Path("/tmp"), level: str | None = None) -> tuple[bytes, float]:
     cmd = [binary, "codec", "quantize", "--type", qtype.name, "--n-per-row", str(rows.shape[1])]
     if imatrix is not None:
         imp = tmp / f"xpackfs-imp-{os.getpid()}.f32"
@@ -113,8 +135,11 @@ def xpackfs_quantize(binary: str, qtype: T, rows: np.ndarray, imatrix: np.ndarra
         cmd += ["--importance", str(imp)]
     if threads:
         cmd += ["--threads", str(threads)]
+    env = dict(os.environ)
+    if level:
+        env["XPACKFS_SIMD"] = level
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, input=np.ascontiguousarray(rows, dtype="<f4").tobytes(), capture_output=True)
+    r = subprocess.run(cmd, input=np.ascontiguousarray(rows, dtype="<f4").tobytes(), capture_output=True, env=env)
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"xpackfs codec quantize failed: {r.stderr.decode()}")
@@ -174,12 +199,36 @@ def random_rows(rng: np.random.Generator, dist: str, nrow: int, n: int) -> np.nd
         x = np.abs(rng.standard_normal(shape))
     elif dist == "weights_like":
         x = rng.standard_normal(shape) * 0.02 + rng.standard_normal((1, n)) * 0.005
+    # Adversarial: the lanes of one vector (16-value sub-blocks, 32-value blocks, rows) on
+    # different paths.
+    elif dist == "mixed_magnitudes":
+        g = np.exp(rng.uniform(-25, 25, (nrow, n // 16, 1))) * (rng.random((nrow, n // 16, 1)) < 0.9)
+        x = (rng.standard_normal((nrow, n // 16, 16)) * g).reshape(shape)
+    elif dist == "denormal":
+        tiny = rng.standard_normal(shape) * 1e-39
+        x = np.where(rng.random((nrow, n // 32, 1)).repeat(32, axis=2).reshape(shape) < 0.7, tiny, rng.standard_normal(shape))
+    elif dist == "ties":
+        # Half-integer levels on a power-of-two scale, each 32-block led by 127 * scale
+        # (Q8_0's d = scale exactly, so x.5 ties survive the scaling).
+        e = np.exp2(rng.integers(-20, 20, (nrow, 1)).astype(np.float64))
+        x = rng.integers(-16, 17, shape) * 0.5 * e
+        x[:, ::32] = 127 * e * np.where(rng.random((nrow, n // 32)) < 0.5, 1, -1)
+    elif dist == "constant_blocks":
+        x = np.repeat(rng.standard_normal((nrow, n // 16)) * np.where(rng.random((nrow, n // 16)) < 0.2, 0, 1), 16, axis=1)
+    elif dist == "extremes":
+        # NaN- and infinity-free extremes. IQ2_XXS's reference aborts beyond ~1e17, so
+        # callers cap it (see EXTREME_CAP).
+        mags = np.array([3.0e38, 1.0e30, 1.0e12, 1.0, 1e-20, 1.2e-38, 1e-45, 0.0])
+        x = mags[rng.integers(0, len(mags), shape)] * np.where(rng.random(shape) < 0.5, 1, -1) * rng.uniform(0.5, 1.0, shape)
     else:
         raise ValueError(dist)
     return x.astype(np.float32)
 
 
-DISTS = ["normal", "uniform", "laplace", "student_t2", "scaled_normal", "sparse", "quantized_grid", "positive", "weights_like"]
+# The golden vectors use the first nine (the committed files are generated from exactly these).
+GOLDEN_DISTS = ["normal", "uniform", "laplace", "student_t2", "scaled_normal", "sparse", "quantized_grid", "positive", "weights_like"]
+DISTS = GOLDEN_DISTS + ["mixed_magnitudes", "denormal", "ties", "constant_blocks", "extremes"]
+EXTREME_CAP = {T.IQ2_XXS: 1e12}
 
 
 def importance_for(kind: str | None, rng: np.random.Generator, n: int) -> np.ndarray | None:
@@ -211,7 +260,7 @@ def golden(ref: Ggml, outdir: Path) -> None:
         cases = [(f"{qname}/{name}", row[None, :]) for name, row in edge_rows(512)
                  # The reference aborts on IQ2_XXS rows this large (GGML_ASSERT(grid_index >= 0)).
                  if not (qtype == T.IQ2_XXS and name == "huge")]
-        cases += [(f"{qname}/random_{d}", random_rows(rng, d, 6, 512)) for d in DISTS]
+        cases += [(f"{qname}/random_{d}", random_rows(rng, d, 6, 512)) for d in GOLDEN_DISTS]
         for name, rows in cases:
             imp = importance_for(kind, rng, rows.shape[1])
             expected = ref.quantize(qtype, rows, imp)
@@ -261,13 +310,17 @@ def golden(ref: Ggml, outdir: Path) -> None:
 
 # ---------------------------------------------------------------- diff
 
-def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], batch: int = 4096) -> int:
+def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], levels: list[str], batch: int = 4096) -> int:
+    """Each batch is quantised once by the reference and by xpackfs at every level."""
     rng = np.random.default_rng(seed)
     failures = 0
+    print(f"levels: {', '.join(levels)}")
     for qname in types:
         qtype, kind = QUANT[qname]
         bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-        done, mism, t_ref, t_ours = 0, 0, 0.0, 0.0
+        done, t_ref = 0, 0.0
+        mism = {lv: 0 for lv in levels}
+        t_ours = {lv: 0.0 for lv in levels}
         per_dist: dict[str, int] = {}
         while done < rows_total:
             for dist in DISTS:
@@ -275,25 +328,32 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], b
                     break
                 nrow = min(batch, rows_total - done)
                 rows = random_rows(rng, dist, nrow, 256)
+                cap = EXTREME_CAP.get(qtype)
+                if cap is not None:
+                    rows = np.clip(rows, -cap, cap)
                 imp = importance_for(kind, rng, 256)
                 t0 = time.perf_counter()
                 want = ref.quantize(qtype, rows, imp)
                 t_ref += time.perf_counter() - t0
-                got, dt = xpackfs_quantize(binary, qtype, rows, imp)
-                t_ours += dt
                 rb = 256 // bs * ts
-                for r in range(nrow):
-                    if want[r * rb:(r + 1) * rb] != got[r * rb:(r + 1) * rb]:
-                        mism += 1
-                        per_dist[dist] = per_dist.get(dist, 0) + 1
-                        if mism <= 5:
-                            print(f"MISMATCH {qname} dist={dist} row={r}: x[:8]={rows[r, :8].tolist()}")
-                            print(f"  reference {want[r * rb:(r + 1) * rb].hex()}")
-                            print(f"  xpackfs   {got[r * rb:(r + 1) * rb].hex()}")
+                for lv in levels:
+                    got, dt = xpackfs_quantize(binary, qtype, rows, imp, level=lv)
+                    t_ours[lv] += dt
+                    if got == want:
+                        continue
+                    for r in range(nrow):
+                        if want[r * rb:(r + 1) * rb] != got[r * rb:(r + 1) * rb]:
+                            mism[lv] += 1
+                            per_dist[f"{lv}/{dist}"] = per_dist.get(f"{lv}/{dist}", 0) + 1
+                            if mism[lv] <= 5:
+                                print(f"MISMATCH {qname} level={lv} dist={dist} row={r}: x[:8]={rows[r, :8].tolist()}")
+                                print(f"  reference {want[r * rb:(r + 1) * rb].hex()}")
+                                print(f"  xpackfs   {got[r * rb:(r + 1) * rb].hex()}")
                 done += nrow
-        print(f"{qname}: {done} rows of 256 over {len(DISTS)} distributions ({', '.join(DISTS)}), seed {seed}: "
-              f"{mism} mismatches {per_dist or ''}  (reference {t_ref:.1f}s, xpackfs incl. process+pipe {t_ours:.1f}s)")
-        failures += mism
+        counts = ", ".join(f"{lv} {mism[lv]} mismatches ({t_ours[lv]:.1f}s)" for lv in levels)
+        print(f"{qname}: {done} rows of 256 per level over {len(DISTS)} distributions, seed {seed}: {counts} {per_dist or ''}"
+              f"  (reference {t_ref:.1f}s; xpackfs times include process start and pipes)")
+        failures += sum(mism.values())
     return 1 if failures else 0
 
 
@@ -350,13 +410,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--types", default="q8_0,q2_k,q2_k_imat,q2_k_unit,iq2_xxs,iq2_xxs_unit")
     ap.add_argument("--xpackfs", default=str(REPO / "target" / "release" / "xpackfs"))
+    ap.add_argument("--levels", default=",".join(cpu_levels()), help="SIMD levels to test (default: all this CPU has)")
     args = ap.parse_args()
     ref = Ggml(find_lib(args.lib))
     if args.mode == "golden":
         golden(ref, args.out)
         return 0
     if args.mode == "diff":
-        return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","))
+        return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","), args.levels.split(","))
     bench(ref, args.xpackfs, args.rows if args.rows != 100_000 else 4096)
     return 0
 

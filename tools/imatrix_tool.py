@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 import safetensors
 
-TABLE = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+from xptools import mxfp4
 ROLE = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
@@ -36,10 +36,7 @@ def experts(src: Path):
 def decode(w: dict, s: dict) -> np.ndarray:
     packed = np.frombuffer(bytes(w["data"]), np.uint8).reshape(w["shape"])
     scale = np.frombuffer(bytes(s["data"]), np.uint8).reshape(s["shape"])
-    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.float32)
-    out[:, 0::2] = TABLE[packed & 15]
-    out[:, 1::2] = TABLE[packed >> 4]
-    return out * np.repeat(np.exp2(scale.astype(np.float32) - 127), 32, axis=1)
+    return mxfp4.decode(packed, scale)
 
 
 def importance_table(src: Path, seed: int) -> dict[str, np.ndarray]:

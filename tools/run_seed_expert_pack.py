@@ -22,13 +22,13 @@ from pathlib import Path
 
 import gguf
 
+from xptools.seeds import seed_text
+
 HERE = Path(__file__).resolve().parent
 
 
 def seed_source(seeds: Path) -> str:
-    text = (seeds / "sglang_expert_pack_build.py.txt").read_text(encoding="utf-8")
-    start = text.index("#!/usr/bin/env python3")
-    return text[start:]
+    return seed_text(seeds, "sglang_expert_pack_build.py.txt")
 
 
 def main() -> int:

@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from xptools.seeds import write_seed
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -24,10 +26,8 @@ def main() -> int:
     ap.add_argument("--w2", default="Q2_K")
     ap.add_argument("--w3", default="IQ2_XXS")
     a = ap.parse_args()
-    text = (a.seeds / "v41_quant_experts.py.txt").read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
-        seed = Path(tmp) / "v41_quant_experts.py"
-        seed.write_text(text[text.index("#!/usr/bin/env python3"):], encoding="utf-8")
+        seed = write_seed(a.seeds, "v41_quant_experts.py.txt", Path(tmp) / "v41_quant_experts.py")
         subprocess.run([sys.executable, str(seed), "plan", "--source", str(a.source), "--out", str(a.out),
                         "--w1", a.w1, "--w2", a.w2, "--w3", a.w3], check=True, stdout=subprocess.DEVNULL)
         t0 = time.perf_counter()

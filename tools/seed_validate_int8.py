@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from xptools.seeds import write_seed
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -27,13 +29,12 @@ def main() -> int:
     ap.add_argument("--intermediate-size", type=int, required=True)
     ap.add_argument("--verify-hashes", action="store_true")
     a = ap.parse_args()
-    text = (a.seeds / "kt_weight_manifest.py.txt").read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
         pkg = Path(tmp) / "ktseed"
         pkg.mkdir()
         (pkg / "__init__.py").write_text("")
         (pkg / "backend.py").write_text('INT8_WEIGHT_LAYOUT = "kt-int8-n32-k64-vnni-v1"\n')
-        (pkg / "weight_manifest.py").write_text(text[text.index("# Persistent"):], encoding="utf-8")
+        write_seed(a.seeds, "kt_weight_manifest.py.txt", pkg / "weight_manifest.py", marker="# Persistent")
         sys.path.insert(0, tmp)
         mod = importlib.import_module("ktseed.weight_manifest")
         try:

@@ -19,10 +19,11 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::serve::options::ServeOptions;
 use crate::view::ViewOptions;
 
-/// `xpackfs --version`: the crate version and the git revision of the build.
+/// `xpackfs --version`: the crate version, the git revision of the build and the codecs'
+/// SIMD level in use (`XPACKFS_SIMD` forces one).
 fn version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    V.get_or_init(|| format!("{} (git {})", env!("CARGO_PKG_VERSION"), crate::GIT_SHA))
+    V.get_or_init(|| format!("{} (git {}; codecs: SIMD {})", env!("CARGO_PKG_VERSION"), crate::GIT_SHA, crate::codec::simd::describe()))
 }
 
 #[derive(Debug, Parser)]
@@ -281,6 +282,10 @@ mod tests {
         let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "passthrough=off,clone_fd=off,stats=on,direct_io=on"]).unwrap().command else { panic!() };
         let s = m.options.serve;
         assert_eq!((s.passthrough, s.clone_fd, s.stats, s.direct_io), (false, false, Some(true), crate::serve::options::Auto::On));
+        assert_eq!((s.source_io.0, s.async_dio, s.direct_threads), (None, true, 32));
+        let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "source_io=direct,async_dio=off,direct_threads=0"]).unwrap().command else { panic!() };
+        let s = m.options.serve;
+        assert_eq!((s.source_io.0, s.async_dio, s.direct_threads), (Some(crate::source::SourceIo::Direct), false, 0));
         // A later -o wins over an earlier one, as mount(8) users expect.
         let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "top_k=2", "-o", "top_k=5"]).unwrap().command else { panic!() };
         assert_eq!(m.options.view.pack.top_k, Some(5));
@@ -315,6 +320,9 @@ mod tests {
             (vec!["-o", "disk_cache_gb=lots"], "number of GiB"),
             (vec!["-o", "prewarm=maybe"], "on or off"),
             (vec!["-o", "compute_threads=0"], "from 1 to 1024"),
+            (vec!["-o", "source_io=sideways"], "auto, direct or buffered"),
+            (vec!["-o", "direct_threads=1000"], "from 0 to 256"),
+            (vec!["-o", "direct_piece_kb=2"], "0 or from 4 to 1024"),
         ] {
             let mut full = vec!["xpackfs", "mount", "s", "/m"];
             full.extend(args.iter());

@@ -1,6 +1,7 @@
 //! Plain floating-point formats: F32, F16, BF16 decode, and F32 -> BF16 rounding.
 
 use super::fp16_to_f32;
+use super::simd::{self, Level};
 
 pub fn f32_to_f32(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(4).zip(dst) {
@@ -8,13 +9,43 @@ pub fn f32_to_f32(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// F16 -> f32 at the process's SIMD level (all levels give the same values).
 pub fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
+    f16_to_f32_at(simd::level(), src, dst)
+}
+
+pub fn f16_to_f32_at(level: Level, src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::decode::f16_to_f32(level, src, dst).is_some() {
+        return;
+    }
+    let _ = level;
+    f16_to_f32_scalar(src, dst)
+}
+
+/// The scalar reference.
+pub fn f16_to_f32_scalar(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(2).zip(dst) {
         *y = fp16_to_f32(u16::from_le_bytes([b[0], b[1]]));
     }
 }
 
+/// BF16 -> f32 at the process's SIMD level.
 pub fn bf16_to_f32(src: &[u8], dst: &mut [f32]) {
+    bf16_to_f32_at(simd::level(), src, dst)
+}
+
+pub fn bf16_to_f32_at(level: Level, src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::decode::bf16_to_f32(level, src, dst).is_some() {
+        return;
+    }
+    let _ = level;
+    bf16_to_f32_scalar(src, dst)
+}
+
+/// The scalar reference.
+pub fn bf16_to_f32_scalar(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(2).zip(dst) {
         *y = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
     }

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 use super::float::f32_to_bf16;
 use super::mxfp4::e8m0_to_f32;
+use super::simd::{self, Level};
 use super::CodecError;
 
 fn e4m3_value(b: u8) -> f32 {
@@ -49,19 +50,49 @@ impl Fp8Blocks {
         if scales.len() != sr * sc {
             return Err(CodecError::Shape(format!("FP8 scale tensor has {} values, expected {sr}x{sc}", scales.len())));
         }
-        if let Some(i) = scales.iter().position(|&s| e8m0_to_f32(s).is_none_or(|v| !(v > 0.0))) {
+        if let Some(i) = scales.iter().position(|&s| e8m0_to_f32(s).is_none_or(|v| v.is_nan() || v <= 0.0)) {
             return Err(CodecError::BadScale { block_row: i / sc, block_col: i % sc });
         }
         Ok(())
     }
 
     /// Decode rows `first_row..first_row + n` (`weight` holds exactly those rows) into
-    /// BF16 bits in `out`.
+    /// BF16 bits in `out`, at the process's SIMD level (every level gives the same bits
+    /// and errors).
     pub fn to_bf16(&self, weight: &[u8], first_row: usize, scales: &[u8], out: &mut [u16]) -> Result<(), CodecError> {
+        self.to_bf16_at(simd::level(), weight, first_row, scales, out)
+    }
+
+    /// [`Self::to_bf16`] on all cores (rayon, chunks of whole rows); the same result,
+    /// errors included (on an error the rows are decoded again in order to name the first).
+    pub fn to_bf16_par(&self, weight: &[u8], first_row: usize, scales: &[u8], out: &mut [u16]) -> Result<(), CodecError> {
+        use rayon::prelude::*;
+        self.check(weight, first_row, scales, out)?;
+        let level = simd::level();
+        let rows = (crate::codec::PAR_VALUES / self.cols).max(1);
+        let r = weight
+            .par_chunks(rows * self.cols)
+            .zip(out.par_chunks_mut(rows * self.cols))
+            .enumerate()
+            .try_for_each(|(c, (w, o))| self.decode_rows(level, w, first_row + c * rows, scales, o));
+        r.or_else(|_| self.decode_rows(level, weight, first_row, scales, out))
+    }
+
+    pub fn to_bf16_at(&self, level: Level, weight: &[u8], first_row: usize, scales: &[u8], out: &mut [u16]) -> Result<(), CodecError> {
+        self.check(weight, first_row, scales, out)?;
+        self.decode_rows(level, weight, first_row, scales, out)
+    }
+
+    fn check(&self, weight: &[u8], first_row: usize, scales: &[u8], out: &[u16]) -> Result<(), CodecError> {
         self.check_scales(scales)?;
-        if self.cols == 0 || weight.len() % self.cols != 0 || out.len() != weight.len() || first_row + weight.len() / self.cols > self.rows {
+        if self.cols == 0 || !weight.len().is_multiple_of(self.cols) || out.len() != weight.len() || first_row + weight.len() / self.cols > self.rows {
             return Err(CodecError::Shape(format!("FP8 rows {first_row}.. of {} columns do not fit the tensor", self.cols)));
         }
+        Ok(())
+    }
+
+    /// The decode proper, after [`Self::check`].
+    fn decode_rows(&self, level: Level, weight: &[u8], first_row: usize, scales: &[u8], out: &mut [u16]) -> Result<(), CodecError> {
         let table = e4m3_table();
         let (_, sc) = self.scale_shape();
         for (r, (wrow, orow)) in weight.chunks_exact(self.cols).zip(out.chunks_exact_mut(self.cols)).enumerate() {
@@ -69,14 +100,7 @@ impl Fp8Blocks {
             let srow = &scales[row / self.block_rows * sc..][..sc];
             for (bc, (wseg, oseg)) in wrow.chunks(self.block_cols).zip(orow.chunks_mut(self.block_cols)).enumerate() {
                 let m = e8m0_to_f32(srow[bc]).unwrap();
-                let mut bad = false;
-                for (&w, o) in wseg.iter().zip(oseg.iter_mut()) {
-                    let v = table[w as usize] * m;
-                    let b = f32_to_bf16(v);
-                    bad |= !v.is_finite() || b & 0x7F80 == 0x7F80;
-                    *o = b;
-                }
-                if bad {
+                if segment_at(level, wseg, m, oseg) {
                     // Find the first offender and say what it is, in the seed's order.
                     for (j, &w) in wseg.iter().enumerate() {
                         let v = table[w as usize] * m;
@@ -93,6 +117,30 @@ impl Fp8Blocks {
         }
         Ok(())
     }
+}
+
+/// One segment of values under one scale to BF16 bits; true if one is non-finite or
+/// overflows BF16.
+fn segment_at(level: Level, w: &[u8], m: f32, out: &mut [u16]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(bad) = simd::decode::fp8_to_bf16(level, w, m, out) {
+        return bad;
+    }
+    let _ = level;
+    segment_scalar(w, m, out)
+}
+
+/// The scalar reference for one segment.
+pub(crate) fn segment_scalar(w: &[u8], m: f32, out: &mut [u16]) -> bool {
+    let table = e4m3_table();
+    let mut bad = false;
+    for (&w, o) in w.iter().zip(out.iter_mut()) {
+        let v = table[w as usize] * m;
+        let b = f32_to_bf16(v);
+        bad |= !v.is_finite() || b & 0x7F80 == 0x7F80;
+        *o = b;
+    }
+    bad
 }
 
 #[cfg(test)]

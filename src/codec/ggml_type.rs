@@ -66,7 +66,7 @@ impl GgmlType {
     /// Bytes of a row of `elements` values, or None when `elements` is not a whole
     /// number of blocks.
     pub fn row_bytes(&self, elements: u64) -> Option<u64> {
-        if elements % self.block_size != 0 {
+        if !elements.is_multiple_of(self.block_size) {
             return None;
         }
         (elements / self.block_size).checked_mul(self.type_size)

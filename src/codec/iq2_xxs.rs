@@ -7,98 +7,69 @@
 //! 8 two-bit levels to a grid index, and for points off the grid their nearest grid points
 //! ordered by (distance, index)). Importance is required, as in the reference.
 
-use std::sync::OnceLock;
-
 use super::iq2_tables::{IQ2XXS_GRID, KGRID_2BIT_256, KMASK_IQ2XS, KSIGNS_IQ2XS};
 use super::q2_k::{make_qp_quants, GROUP_MAX_EPS, QK_K};
 use super::{cmax, f32_to_fp16, fp16_to_f32, nearest_int, read_u16, CodecError};
 
 pub const BYTES: usize = 66;
-const KMAP_SIZE: usize = 43692;
-const NWANT: usize = 2;
+pub(crate) const KMAP_SIZE: usize = 43692;
 
-struct Tables {
-    /// Grid points as 8 signed levels 1,3,5,7.
-    grid: [[i8; 8]; 256],
-    /// Index -> grid index, or for points off the grid, `-(offset + 1)` into `neighbours`.
-    map: Vec<i32>,
-    /// At each offset: count, then that many grid indices.
-    neighbours: Vec<u16>,
+/// The search tables, built at compile time by build.rs (nothing to do at start-up).
+/// `map[key]` for a point's key (2 bits per coordinate, level `(v - 1) / 2`): its grid
+/// index, or for points off the grid `-(offset + 1)` into `neighbours`, which holds at
+/// each offset a count, then that many grid points as keys, ordered by (distance, grid
+/// index); 16 zeros end the array so a vector load from any list stays in bounds.
+#[derive(Clone, Copy)]
+pub(crate) struct Tables {
+    pub map: &'static [i32],
+    pub neighbours: &'static [u16],
 }
 
-fn tables() -> &'static Tables {
-    static T: OnceLock<Tables> = OnceLock::new();
-    T.get_or_init(|| {
-        let mut grid = [[0i8; 8]; 256];
-        for (k, g) in grid.iter_mut().enumerate() {
-            for (i, v) in g.iter_mut().enumerate() {
-                *v = (2 * ((KGRID_2BIT_256[k] >> (2 * i)) & 3) + 1) as i8;
-            }
+#[repr(C, align(64))]
+struct Aligned<B: ?Sized>(B);
+
+static MAP_BYTES: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/iq2xxs_map.bin")));
+static NEIGHBOUR_BYTES: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/iq2xxs_neighbours.bin")));
+
+pub(crate) fn tables() -> Tables {
+    let (m, n) = (&MAP_BYTES.0, &NEIGHBOUR_BYTES.0);
+    debug_assert!(m.len() == 4 * KMAP_SIZE && n.len() % 2 == 0);
+    // SAFETY: both byte arrays are 64-byte aligned (`Aligned`), their lengths are whole
+    // numbers of elements, every bit pattern is a valid i32 / u16, and build.rs wrote them
+    // in the target's byte order. They are 'static and never written.
+    unsafe {
+        Tables {
+            map: std::slice::from_raw_parts(m.as_ptr().cast::<i32>(), m.len() / 4),
+            neighbours: std::slice::from_raw_parts(n.as_ptr().cast::<u16>(), n.len() / 2),
         }
-        let mut map = vec![-1i32; KMAP_SIZE];
-        for (i, g) in grid.iter().enumerate() {
-            let index: usize = g.iter().enumerate().map(|(k, &v)| (((v - 1) / 2) as usize) << (2 * k)).sum();
-            map[index] = i as i32;
-        }
-        let mut neighbours = Vec::new();
-        let mut dist2: Vec<(i32, i32)> = Vec::with_capacity(256);
-        for i in 0..KMAP_SIZE {
-            if map[i] >= 0 {
-                continue;
-            }
-            let pos: [i32; 8] = std::array::from_fn(|k| 2 * ((i >> (2 * k)) & 3) as i32 + 1);
-            dist2.clear();
-            for (j, g) in grid.iter().enumerate() {
-                let d2: i32 = (0..8).map(|k| (g[k] as i32 - pos[k]) * (g[k] as i32 - pos[k])).sum();
-                dist2.push((d2, j as i32));
-            }
-            dist2.sort_unstable(); // (distance, index): the reference's qsort order
-            let start = neighbours.len();
-            map[i] = -(start as i32 + 1);
-            neighbours.push(0);
-            let (mut d2, mut nhave, mut n) = (dist2[0].0, 1, 0u16);
-            for &(d, j) in &dist2 {
-                if d > d2 {
-                    if nhave == NWANT {
-                        break;
-                    }
-                    d2 = d;
-                    nhave += 1;
-                }
-                neighbours.push(j as u16);
-                n += 1;
-            }
-            neighbours[start] = n;
-        }
-        Tables { grid, map, neighbours }
-    })
+    }
 }
 
-/// `iq2_find_best_neighbour`; `None` where the reference aborts (every distance is
-/// infinite or NaN, from inputs of magnitude ~1e17 and beyond, or non-finite ones).
-fn find_best_neighbour(t: &Tables, neighbours: &[u16], xval: &[f32], weight: &[f32], scale: f32, l: &mut [i8]) -> Option<usize> {
-    let n = neighbours[0] as usize;
+/// Level `i` (0..=3) of a grid point given as a key.
+#[inline(always)]
+pub(crate) fn key_level(key: u16, i: usize) -> i8 {
+    ((key >> (2 * i)) & 3) as i8
+}
+
+/// `iq2_find_best_neighbour` over one neighbour list (`[count, keys...]`); the best grid
+/// point as a key, or `None` where the reference aborts (every distance is infinite or
+/// NaN, from inputs of magnitude ~1e17 and beyond, or non-finite ones).
+pub(crate) fn find_best_neighbour(list: &[u16], xval: &[f32], weight: &[f32], scale: f32) -> Option<u16> {
+    let n = list[0] as usize;
     let mut best_d2 = f32::MAX;
-    let mut grid_index = usize::MAX;
-    for &j in &neighbours[1..=n] {
-        let pg = &t.grid[j as usize];
+    let mut best = None;
+    for &key in &list[1..=n] {
         let mut d2 = 0.0f32;
         for i in 0..8 {
-            let diff = scale * pg[i] as f32 - xval[i];
+            let diff = scale * (2 * key_level(key, i) as i32 + 1) as f32 - xval[i];
             d2 += weight[i] * diff * diff;
         }
         if d2 < best_d2 {
             best_d2 = d2;
-            grid_index = j as usize;
+            best = Some(key);
         }
     }
-    if grid_index == usize::MAX {
-        return None;
-    }
-    for i in 0..8 {
-        l[i] = (t.grid[grid_index][i] - 1) / 2;
-    }
-    Some(grid_index)
+    best
 }
 
 fn overflow(ibl: usize) -> CodecError {
@@ -113,9 +84,41 @@ fn grid_key(l: &[i8]) -> usize {
 
 /// `quantize_row_iq2_xxs_impl` for one row; `quant_weights` has one value per column.
 pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<(), CodecError> {
+    quantize_row_with(x, y, quant_weights, ScalarSearch)
+}
+
+/// A neighbour search: [`find_best_neighbour`]'s contract. (A trait, not a closure, so
+/// the SIMD levels' search is compiled with their target features.)
+pub(crate) trait NeighbourSearch: Copy {
+    fn search(self, list: &[u16], xval: &[f32], weight: &[f32], scale: f32) -> Option<u16>;
+}
+
+#[derive(Clone, Copy)]
+struct ScalarSearch;
+
+impl NeighbourSearch for ScalarSearch {
+    #[inline(always)]
+    fn search(self, list: &[u16], xval: &[f32], weight: &[f32], scale: f32) -> Option<u16> {
+        find_best_neighbour(list, xval, weight, scale)
+    }
+}
+
+/// [`quantize_row`] with the neighbour search given (the SIMD levels pass theirs).
+#[inline(always)]
+pub(crate) fn quantize_row_with(x: &[f32], y: &mut [u8], quant_weights: &[f32], searcher: impl NeighbourSearch) -> Result<(), CodecError> {
+    for (ibl, (xbl, yb)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(BYTES)).enumerate() {
+        quantize_superblock(ibl, xbl, yb, &quant_weights[QK_K * ibl..QK_K * (ibl + 1)], searcher)?;
+    }
+    Ok(())
+}
+
+/// One 256-value block `xbl` (block `ibl` of its row, for error messages), its 256
+/// importance values `qw256`.
+#[inline(always)]
+pub(crate) fn quantize_superblock(ibl: usize, xbl: &[f32], yb: &mut [u8], qw256: &[f32], searcher: impl NeighbourSearch) -> Result<(), CodecError> {
     const KMAXQ: i32 = 3;
     let t = tables();
-    for (ibl, (xbl, yb)) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(BYTES)).enumerate() {
+    {
         let mut scales = [0.0f32; 8];
         let mut weight = [0.0f32; 32];
         let mut xval = [0.0f32; 32];
@@ -133,7 +136,7 @@ pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<()
         let sigma2 = sumx2 / QK_K as f32;
         for ib in 0..8 {
             let xb = &xbl[32 * ib..32 * ib + 32];
-            let qw: &[f32; 32] = quant_weights[QK_K * ibl + 32 * ib..QK_K * ibl + 32 * ib + 32].try_into().unwrap();
+            let qw: &[f32; 32] = qw256[32 * ib..32 * ib + 32].try_into().unwrap();
             for i in 0..32 {
                 weight[i] = qw[i] * (sigma2 + xb[i] * xb[i]).sqrt();
             }
@@ -197,7 +200,10 @@ pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<()
                     let u = grid_key(&laux[8 * k..]);
                     if t.map[u] < 0 {
                         let nb = &t.neighbours[(-t.map[u] - 1) as usize..];
-                        find_best_neighbour(t, nb, &xval[8 * k..], &waux[8 * k..], this_scale, &mut laux[8 * k..]).ok_or_else(|| overflow(ibl))?;
+                        let key = searcher.search(nb, &xval[8 * k..8 * k + 8], &waux[8 * k..8 * k + 8], this_scale).ok_or_else(|| overflow(ibl))?;
+                        for i in 0..8 {
+                            laux[8 * k + i] = key_level(key, i);
+                        }
                     }
                 }
                 let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
@@ -221,13 +227,13 @@ pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<()
                         let li = nearest_int(0.5f32 * (id * xval[8 * k + i] - 1.0)).clamp(0, KMAXQ - 1);
                         u |= (li as usize) << (2 * i);
                     }
-                    let mut gi = t.map[u];
-                    if gi < 0 {
-                        let nb = &t.neighbours[(-gi - 1) as usize..];
-                        gi = find_best_neighbour(t, nb, &xval[8 * k..], &waux[8 * k..], scale, &mut l[8 * k..]).ok_or_else(|| overflow(ibl))? as i32;
+                    let mut key = KGRID_2BIT_256[t.map[u].max(0) as usize];
+                    if t.map[u] < 0 {
+                        let nb = &t.neighbours[(-t.map[u] - 1) as usize..];
+                        key = searcher.search(nb, &xval[8 * k..8 * k + 8], &waux[8 * k..8 * k + 8], scale).ok_or_else(|| overflow(ibl))?;
                     }
                     for i in 0..8 {
-                        l[8 * k + i] = (t.grid[gi as usize][i] - 1) / 2;
+                        l[8 * k + i] = key_level(key, i);
                     }
                 }
                 let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
@@ -249,7 +255,7 @@ pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<()
             }
             for k in 0..4 {
                 let u = grid_key(&l[8 * k..]);
-                let gi = t.map[u];
+                let gi = t.map.get(u).copied().unwrap_or(-1);
                 if gi < 0 || l[8 * k..8 * k + 8].iter().any(|&v| !(0..=3).contains(&v)) {
                     // The reference prints "Oops: found point not on grid" and aborts.
                     return Err(CodecError::Shape(format!("IQ2_XXS: block {ibl} produced a point off the grid")));
@@ -262,7 +268,7 @@ pub fn quantize_row(x: &[f32], y: &mut [u8], quant_weights: &[f32]) -> Result<()
         }
         if max_scale == 0.0 {
             yb[2..].fill(0);
-            continue;
+            return Ok(());
         }
         let d = max_scale / 31.0;
         yb[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
@@ -302,14 +308,54 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// The reference's construction (`iq2xs_init_impl`), run here: grid from
+    /// kgrid_2bit_256, every distance sorted by (distance, index), the first two distances.
+    #[allow(clippy::needless_range_loop)]
+    fn reference_tables() -> (Vec<i32>, Vec<u16>) {
+        let grid: Vec<[i32; 8]> = KGRID_2BIT_256.iter().map(|&g| std::array::from_fn(|i| 2 * ((g >> (2 * i)) & 3) as i32 + 1)).collect();
+        let mut map = vec![-1i32; KMAP_SIZE];
+        for (j, &g) in KGRID_2BIT_256.iter().enumerate() {
+            map[g as usize] = j as i32;
+        }
+        let mut lists = Vec::new();
+        for i in 0..KMAP_SIZE {
+            if map[i] >= 0 {
+                continue;
+            }
+            let pos: [i32; 8] = std::array::from_fn(|k| 2 * ((i >> (2 * k)) & 3) as i32 + 1);
+            let mut dist2: Vec<(i32, usize)> = grid.iter().enumerate().map(|(j, g)| ((0..8).map(|k| (g[k] - pos[k]).pow(2)).sum(), j)).collect();
+            dist2.sort_unstable();
+            let start = lists.len();
+            map[i] = -(start as i32 + 1);
+            lists.push(0u16);
+            let (mut d2, mut nhave) = (dist2[0].0, 1);
+            for &(d, j) in &dist2 {
+                if d > d2 {
+                    if nhave == 2 {
+                        break;
+                    }
+                    d2 = d;
+                    nhave += 1;
+                }
+                lists.push(KGRID_2BIT_256[j]);
+            }
+            lists[start] = (lists.len() - start - 1) as u16;
+        }
+        (map, lists)
+    }
+
     #[test]
-    fn tables_are_consistent() {
+    fn compile_time_tables_are_the_references() {
         let t = tables();
+        let (map, lists) = reference_tables();
+        assert_eq!(t.map, &map[..]);
+        assert_eq!(&t.neighbours[..lists.len()], &lists[..]);
+        assert_eq!(t.neighbours.len(), lists.len() + 16);
+        assert!(t.neighbours[lists.len()..].iter().all(|&v| v == 0));
         assert_eq!(t.map.iter().filter(|&&m| m >= 0).count(), 256);
-        // Every off-grid point has neighbours, each a valid grid index.
         for &m in t.map.iter().filter(|&&m| m < 0) {
             let nb = &t.neighbours[(-m - 1) as usize..];
-            assert!(nb[0] > 0 && nb[1..=nb[0] as usize].iter().all(|&j| j < 256));
+            assert!(nb[0] > 0 && nb[1..=nb[0] as usize].iter().all(|&key| t.map[key as usize] >= 0));
         }
     }
 

@@ -1,7 +1,10 @@
 //! kt-kernel persistent INT8 (`shared/reference/kt-int8.md`): per-row symmetric INT8 with
 //! fp32 scales, the `kt-int8-n32-k64-vnni-v1` packed layout and its inverse, and the
-//! NUMA split of gate/up (rows) and down (columns).
+//! NUMA split of gate/up (rows) and down (columns). [`quantize_pack_par`] does the
+//! quantisation and packing of a matrix on all cores, 64-row blocks at a time (each block
+//! owns a contiguous range of the packed bytes).
 
+use super::simd::{self, Level};
 use super::CodecError;
 
 pub const LAYOUT: &str = "kt-int8-n32-k64-vnni-v1";
@@ -12,7 +15,25 @@ pub const K_BLOCK: usize = 3584;
 
 /// Quantise an n x k row-major matrix: `q` gets n*k int8 in row order, `d` n scales.
 /// `d = max|w| / 127`, `q = saturate(round_half_even(w * (1/d)))`, a zero row is all zeros.
+/// At the process's SIMD level (every level gives the same bytes).
 pub fn quantize(w: &[f32], n: usize, k: usize, q: &mut [i8], d: &mut [f32]) -> Result<(), CodecError> {
+    quantize_at(simd::level(), w, n, k, q, d)
+}
+
+pub fn quantize_at(level: Level, w: &[f32], n: usize, k: usize, q: &mut [i8], d: &mut [f32]) -> Result<(), CodecError> {
+    if w.len() != n * k || q.len() != n * k || d.len() != n {
+        return Err(CodecError::Shape(format!("INT8: buffers do not match a {n}x{k} matrix")));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if k > 0 && simd::kt_int8::quantize(level, w, k, q, d).is_some() {
+        return Ok(());
+    }
+    let _ = level;
+    quantize_scalar(w, n, k, q, d)
+}
+
+/// The scalar reference of [`quantize`].
+pub fn quantize_scalar(w: &[f32], n: usize, k: usize, q: &mut [i8], d: &mut [f32]) -> Result<(), CodecError> {
     if w.len() != n * k || q.len() != n * k || d.len() != n {
         return Err(CodecError::Shape(format!("INT8: buffers do not match a {n}x{k} matrix")));
     }
@@ -61,7 +82,7 @@ pub fn packed_offset(r: usize, c: usize, n: usize, k: usize) -> usize {
 }
 
 fn check_layout(n: usize, k: usize) -> Result<(), CodecError> {
-    if n % N_STEP != 0 || k % K_STEP != 0 || n == 0 || k == 0 {
+    if !n.is_multiple_of(N_STEP) || !k.is_multiple_of(K_STEP) || n == 0 || k == 0 {
         return Err(CodecError::Shape(format!("{LAYOUT} needs n % 32 == 0 and k % 64 == 0, got {n}x{k}")));
     }
     Ok(())
@@ -76,27 +97,54 @@ pub fn pack(q: &[i8], n: usize, k: usize, out: &mut [u8]) -> Result<(), CodecErr
     }
     for nbb in (0..n).step_by(N_BLOCK) {
         let nbs = N_BLOCK.min(n - nbb);
-        for kbb in (0..k).step_by(K_BLOCK) {
-            let kbs = K_BLOCK.min(k - kbb);
-            for nb in (0..nbs).step_by(N_STEP) {
-                for kb in (0..kbs).step_by(K_STEP) {
-                    let tile = nbb * k + kbb * nbs + nb * kbs + kb * N_STEP;
-                    for i in 0..N_STEP {
-                        let src = (nbb + nb + i) * k + kbb + kb;
-                        let dst = tile + (i / 16) * 1024 + (i % 16) * 4;
-                        for j4 in 0..K_STEP / 4 {
-                            let s4 = &q[src + 4 * j4..src + 4 * j4 + 4];
-                            let d = dst + j4 * 64;
-                            for t in 0..4 {
-                                out[d + t] = s4[t] as u8;
-                            }
-                        }
+        pack_block(&q[nbb * k..(nbb + nbs) * k], nbs, k, &mut out[nbb * k..(nbb + nbs) * k]);
+    }
+    Ok(())
+}
+
+/// One block of `nbs` (<= 64) rows: the packed layout keeps each such block in its own
+/// `nbs * k` bytes (at `nbb * k`), which is what lets blocks be packed in parallel.
+/// Moves 4-byte words (the unit the layout transposes).
+fn pack_block(q: &[i8], nbs: usize, k: usize, out: &mut [u8]) {
+    for kbb in (0..k).step_by(K_BLOCK) {
+        let kbs = K_BLOCK.min(k - kbb);
+        for nb in (0..nbs).step_by(N_STEP) {
+            for kb in (0..kbs).step_by(K_STEP) {
+                let tile = kbb * nbs + nb * kbs + kb * N_STEP;
+                for i in 0..N_STEP {
+                    let src = (nb + i) * k + kbb + kb;
+                    let dst = tile + (i / 16) * 1024 + (i % 16) * 4;
+                    let row = &q[src..src + K_STEP];
+                    for j4 in 0..K_STEP / 4 {
+                        let d = dst + j4 * 64;
+                        let w = &row[4 * j4..4 * j4 + 4];
+                        out[d..d + 4].copy_from_slice(&[w[0] as u8, w[1] as u8, w[2] as u8, w[3] as u8]);
                     }
                 }
             }
         }
     }
-    Ok(())
+}
+
+/// Quantise and pack an n x k matrix on all cores (rayon over blocks of 64 rows): the
+/// packed quant bytes and the per-row scales, as [`quantize`] then [`pack`] give them.
+pub fn quantize_pack_par(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
+    use rayon::prelude::*;
+    check_layout(n, k)?;
+    if w.len() != n * k {
+        return Err(CodecError::Shape(format!("INT8: {} values do not make a {n}x{k} matrix", w.len())));
+    }
+    let level = simd::level();
+    let mut packed = vec![0u8; n * k];
+    let mut d = vec![0f32; n];
+    packed.par_chunks_mut(N_BLOCK * k).zip(d.par_chunks_mut(N_BLOCK)).zip(w.par_chunks(N_BLOCK * k)).try_for_each(|((out, d), w)| {
+        let nbs = d.len();
+        let mut q = vec![0i8; nbs * k];
+        quantize_at(level, w, nbs, k, &mut q, d)?;
+        pack_block(&q, nbs, k, out);
+        Ok::<_, CodecError>(())
+    })?;
+    Ok((packed, d))
 }
 
 /// The inverse of [`pack`] (kt-kernel's `to_mat`), a test oracle.
@@ -116,7 +164,7 @@ pub fn unpack(packed: &[u8], n: usize, k: usize, out: &mut [i8]) -> Result<(), C
 /// NUMA part `part` of `parts` of an expert's matrices (tensor parallel over the
 /// intermediate dimension): rows of gate/up `[I, H]`, columns of down `[H, I]`.
 pub fn numa_split_rows(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
-    if parts == 0 || rows % parts != 0 || part >= parts || w.len() != rows * cols {
+    if parts == 0 || !rows.is_multiple_of(parts) || part >= parts || w.len() != rows * cols {
         return Err(CodecError::Shape(format!("cannot split {rows} rows into {parts} NUMA parts")));
     }
     let per = rows / parts;
@@ -124,7 +172,7 @@ pub fn numa_split_rows(w: &[f32], rows: usize, cols: usize, part: usize, parts: 
 }
 
 pub fn numa_split_cols(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
-    if parts == 0 || cols % parts != 0 || part >= parts || w.len() != rows * cols {
+    if parts == 0 || !cols.is_multiple_of(parts) || part >= parts || w.len() != rows * cols {
         return Err(CodecError::Shape(format!("cannot split {cols} columns into {parts} NUMA parts")));
     }
     let per = cols / parts;

@@ -6,6 +6,11 @@
 //! evaluation order, never fused multiply-add, `nearest_int` (ties to even) where ggml
 //! uses it and `roundf` (ties away) where it uses that. See
 //! `shared/reference/ggml-quants.md`.
+//!
+//! The code in the per-format files is the scalar reference. [`simd`] has AVX2 and
+//! AVX-512 versions of the quantisers and decoders, chosen once per process at run time
+//! and bit-exact with the reference; the public entry points run at [`simd::level`], the
+//! `_at` variants at a given level (tests, benches), the `_par` variants on all cores.
 
 pub mod float;
 pub mod fp8;
@@ -18,6 +23,7 @@ pub mod q2_k;
 pub mod q4_k;
 pub mod q6_k;
 pub mod q8_0;
+pub mod simd;
 
 pub use ggml_type::GgmlType;
 
@@ -106,9 +112,15 @@ impl QuantType {
 /// Quantise `rows` rows of `n_per_row` values, as the reference's `quantize_<type>(src,
 /// dst, nrow, n_per_row, imatrix)`. `importance` has `n_per_row` values (one per column)
 /// or is `None` (Q2_K then takes the reference path; IQ2_XXS requires importance).
+/// Runs at the process's SIMD level ([`simd::level`]); every level gives the same bytes.
 pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+    quantize_rows_at(simd::level(), ty, src, n_per_row, importance, dst)
+}
+
+/// [`quantize_rows`] at a given SIMD level (lowered to what the CPU has).
+pub fn quantize_rows_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
     let g = ty.ggml();
-    if n_per_row == 0 || n_per_row % g.block_size as usize != 0 || src.len() % n_per_row != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(g.block_size as usize) || !src.len().is_multiple_of(n_per_row) {
         return Err(CodecError::Shape(format!("{} rows must be a whole number of {}-value blocks, got {n_per_row}", g.name, g.block_size)));
     }
     let rows = src.len() / n_per_row;
@@ -116,11 +128,26 @@ pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: O
     if dst.len() != rows * row_bytes {
         return Err(CodecError::Shape(format!("output holds {} bytes, {rows} rows of {} need {}", dst.len(), g.name, rows * row_bytes)));
     }
-    if let Some(imp) = importance {
-        if imp.len() != n_per_row {
-            return Err(CodecError::Shape(format!("importance has {} values for rows of {n_per_row}", imp.len())));
+    if let Some(imp) = importance
+        && imp.len() != n_per_row
+    {
+        return Err(CodecError::Shape(format!("importance has {} values for rows of {n_per_row}", imp.len())));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let done = match (ty, importance) {
+            (QuantType::Q8_0, _) => simd::q8_0::quantize(level, src, dst).map(Ok),
+            (QuantType::Q2K, None) => simd::q2_k::quantize_ref(level, src, dst).map(Ok),
+            (QuantType::Q2K, Some(w)) => simd::q2_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Iq2Xxs, Some(w)) => simd::iq2_xxs::quantize(level, src, n_per_row, w, dst),
+            (QuantType::Iq2Xxs, None) => None,
+        };
+        if let Some(r) = done {
+            return r;
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     for (x, y) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
         match ty {
             QuantType::Q8_0 => q8_0::quantize_row(x, y),
@@ -137,37 +164,95 @@ pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: O
 /// Quantise rows in parallel (rayon), chunks of whole rows; identical bytes to
 /// [`quantize_rows`].
 pub fn quantize_rows_par(ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+    quantize_rows_par_at(simd::level(), ty, src, n_per_row, importance, dst)
+}
+
+/// [`quantize_rows_par`] at a given SIMD level.
+pub fn quantize_rows_par_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
     use rayon::prelude::*;
     let g = ty.ggml();
-    if n_per_row == 0 || n_per_row % g.block_size as usize != 0 {
-        return quantize_rows(ty, src, n_per_row, importance, dst);
+    if n_per_row == 0 || !n_per_row.is_multiple_of(g.block_size as usize) {
+        return quantize_rows_at(level, ty, src, n_per_row, importance, dst);
     }
     let row_bytes = n_per_row / g.block_size as usize * g.type_size as usize;
     const ROWS: usize = 16;
-    if src.len() % n_per_row != 0 || dst.len() != src.len() / n_per_row * row_bytes {
-        return quantize_rows(ty, src, n_per_row, importance, dst); // reports the shape error
+    if !src.len().is_multiple_of(n_per_row) || dst.len() != src.len() / n_per_row * row_bytes {
+        return quantize_rows_at(level, ty, src, n_per_row, importance, dst); // reports the shape error
     }
     src.par_chunks(ROWS * n_per_row)
         .zip(dst.par_chunks_mut(ROWS * row_bytes))
-        .try_for_each(|(x, y)| quantize_rows(ty, x, n_per_row, importance, y))
+        .try_for_each(|(x, y)| quantize_rows_at(level, ty, x, n_per_row, importance, y))
 }
 
-/// Decode rows of a ggml type to f32 (`dequantize_row_<type>` of the reference).
+/// Values per task in the `_par` helpers: large enough to amortise a task, small enough
+/// to spread a chunk of a few MiB over the cores.
+pub(crate) const PAR_VALUES: usize = 1 << 16;
+
+/// Decode rows of a ggml type to f32 (`dequantize_row_<type>` of the reference), at the
+/// process's SIMD level (every level gives the same values).
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    dequantize_at(simd::level(), ty, src, dst)
+}
+
+/// [`dequantize`] on all cores (rayon, chunks of whole blocks); the same values.
+pub fn dequantize_par(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    use rayon::prelude::*;
+    let (bs, ts) = (ty.block_size as usize, ty.type_size as usize);
+    if !src.len().is_multiple_of(ts) || dst.len() != src.len() / ts * bs {
+        return dequantize(ty, src, dst); // reports the shape error
+    }
+    let level = simd::level();
+    let blocks = (PAR_VALUES / bs).max(1);
+    let r = src.par_chunks(blocks * ts).zip(dst.par_chunks_mut(blocks * bs)).try_for_each(|(s, d)| dequantize_at(level, ty, s, d));
+    // On an error, the sequential pass reports the first bad block.
+    r.or_else(|_| dequantize_at(level, ty, src, dst))
+}
+
+/// [`dequantize`] at a given SIMD level (lowered to what the CPU has).
+pub fn dequantize_at(level: simd::Level, ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
     let blocks = src.len() / ty.type_size as usize;
-    if src.len() % ty.type_size as usize != 0 || dst.len() != blocks * ty.block_size as usize {
+    if !src.len().is_multiple_of(ty.type_size as usize) || dst.len() != blocks * ty.block_size as usize {
+        return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use simd::decode as d;
+        let done = match ty.name {
+            "F16" => d::f16_to_f32(level, src, dst).map(Ok),
+            "BF16" => d::bf16_to_f32(level, src, dst).map(Ok),
+            "Q8_0" => d::dequantize_q8_0(level, src, dst).map(Ok),
+            "Q2_K" => d::dequantize_q2_k(level, src, dst).map(Ok),
+            "Q4_K" => d::dequantize_q4_k(level, src, dst).map(Ok),
+            "Q6_K" => d::dequantize_q6_k(level, src, dst).map(Ok),
+            "IQ2_XXS" => d::dequantize_iq2_xxs(level, src, dst).map(Ok),
+            "MXFP4" => d::dequantize_mxfp4(level, src, dst),
+            _ => None,
+        };
+        if let Some(r) = done {
+            return r;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
+    dequantize_scalar(ty, src, dst)
+}
+
+/// The scalar reference decoders.
+pub fn dequantize_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    let blocks = src.len() / ty.type_size as usize;
+    if !src.len().is_multiple_of(ty.type_size as usize) || dst.len() != blocks * ty.block_size as usize {
         return Err(CodecError::Shape(format!("{} bytes of {} do not decode to {} values", src.len(), ty.name, dst.len())));
     }
     match ty.name {
         "F32" => float::f32_to_f32(src, dst),
-        "F16" => float::f16_to_f32(src, dst),
-        "BF16" => float::bf16_to_f32(src, dst),
+        "F16" => float::f16_to_f32_scalar(src, dst),
+        "BF16" => float::bf16_to_f32_scalar(src, dst),
         "Q8_0" => q8_0::dequantize(src, dst),
         "Q2_K" => q2_k::dequantize(src, dst),
         "Q4_K" => q4_k::dequantize(src, dst),
         "Q6_K" => q6_k::dequantize(src, dst),
         "IQ2_XXS" => iq2_xxs::dequantize(src, dst),
-        "MXFP4" => mxfp4::dequantize_ggml(src, dst)?,
+        "MXFP4" => mxfp4::dequantize_ggml_scalar(src, dst)?,
         other => return Err(CodecError::Shape(format!("decoding {other} is not supported"))),
     }
     Ok(())

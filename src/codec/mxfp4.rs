@@ -9,6 +9,7 @@
 //!
 //! Both are exact in f32. A scale byte of 255 is NaN in E8M0 and is an error here.
 
+use super::simd::{self, Level};
 use super::CodecError;
 
 /// E2M1 values by nibble.
@@ -37,18 +38,54 @@ pub fn e8m0_to_f32_half(e: u8) -> Option<f32> {
 }
 
 /// Decode DeepSeek-layout rows: `packed` holds rows of K/2 bytes, `scales` rows of K/32.
+/// At the process's SIMD level (all levels give the same values and errors).
 pub fn dequantize_deepseek(packed: &[u8], scales: &[u8], k: usize, dst: &mut [f32]) -> Result<(), CodecError> {
-    if k == 0 || k % 32 != 0 {
+    dequantize_deepseek_at(simd::level(), packed, scales, k, dst)
+}
+
+/// [`dequantize_deepseek`] on all cores (rayon, chunks of whole rows); the same result.
+pub fn dequantize_deepseek_par(packed: &[u8], scales: &[u8], k: usize, dst: &mut [f32]) -> Result<(), CodecError> {
+    use rayon::prelude::*;
+    check_deepseek(packed, scales, k, dst)?;
+    let rows = (super::PAR_VALUES / k).max(1);
+    let level = simd::level();
+    let r = dst
+        .par_chunks_mut(rows * k)
+        .zip(packed.par_chunks(rows * k / 2))
+        .zip(scales.par_chunks(rows * k / 32))
+        .try_for_each(|((d, p), s)| dequantize_deepseek_at(level, p, s, k, d));
+    // On an error, the sequential pass names the first bad scale, as the scalar code does.
+    r.or_else(|_| dequantize_deepseek_at(level, packed, scales, k, dst))
+}
+
+fn check_deepseek(packed: &[u8], scales: &[u8], k: usize, dst: &[f32]) -> Result<(), CodecError> {
+    if k == 0 || !k.is_multiple_of(32) {
         return Err(CodecError::Shape(format!("MXFP4 row length {k} is not a multiple of 32")));
     }
     let rows = dst.len() / k;
-    if dst.len() % k != 0 || packed.len() != rows * k / 2 || scales.len() != rows * k / 32 {
+    if !dst.len().is_multiple_of(k) || packed.len() != rows * k / 2 || scales.len() != rows * k / 32 {
         return Err(CodecError::Shape(format!(
             "MXFP4: {} packed bytes and {} scales do not hold {rows} rows of {k}",
             packed.len(),
             scales.len()
         )));
     }
+    Ok(())
+}
+
+pub fn dequantize_deepseek_at(level: Level, packed: &[u8], scales: &[u8], k: usize, dst: &mut [f32]) -> Result<(), CodecError> {
+    check_deepseek(packed, scales, k, dst)?;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(r) = simd::decode::dequantize_mxfp4_deepseek(level, packed, scales, dst) {
+        return r;
+    }
+    let _ = level;
+    dequantize_deepseek_scalar(packed, scales, k, dst)
+}
+
+/// The scalar reference.
+pub fn dequantize_deepseek_scalar(packed: &[u8], scales: &[u8], k: usize, dst: &mut [f32]) -> Result<(), CodecError> {
+    check_deepseek(packed, scales, k, dst)?;
     for (bi, ((out, q), &s)) in dst.chunks_exact_mut(32).zip(packed.chunks_exact(16)).zip(scales).enumerate() {
         let scale = e8m0_to_f32(s).ok_or(CodecError::E8m0Nan { index: bi })?;
         for (j, &b) in q.iter().enumerate() {
@@ -59,8 +96,22 @@ pub fn dequantize_deepseek(packed: &[u8], scales: &[u8], k: usize, dst: &mut [f3
     Ok(())
 }
 
-/// Decode ggml MXFP4 blocks (`dequantize_row_mxfp4`).
+/// Decode ggml MXFP4 blocks (`dequantize_row_mxfp4`) at the process's SIMD level.
 pub fn dequantize_ggml(src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    dequantize_ggml_at(simd::level(), src, dst)
+}
+
+pub fn dequantize_ggml_at(level: Level, src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(r) = simd::decode::dequantize_mxfp4(level, src, dst) {
+        return r;
+    }
+    let _ = level;
+    dequantize_ggml_scalar(src, dst)
+}
+
+/// The scalar reference.
+pub fn dequantize_ggml_scalar(src: &[u8], dst: &mut [f32]) -> Result<(), CodecError> {
     for (bi, (b, out)) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)).enumerate() {
         let d = e8m0_to_f32_half(b[0]).ok_or(CodecError::E8m0Nan { index: bi })?;
         for j in 0..16 {

@@ -191,63 +191,91 @@ fn pack_qs(l: &[u8; QK_K], qs: &mut [u8]) {
     }
 }
 
+/// The reference path's block scales: 4-bit scales and mins of the 16 sub-blocks into
+/// `y[..16]`, fp16 `d` and `dmin` into `y[80..84]`; returns `d` and `dmin` as read back.
+pub(crate) fn ref_block_scales(scales: &[f32; 16], mins: &[f32; 16], y: &mut [u8]) -> (f32, f32) {
+    const Q4SCALE: f32 = 15.0;
+    let mut max_scale = 0.0f32;
+    let mut max_min = 0.0f32;
+    for j in 0..16 {
+        if scales[j] > max_scale {
+            max_scale = scales[j];
+        }
+        if mins[j] > max_min {
+            max_min = mins[j];
+        }
+    }
+    let (sc, rest) = y.split_at_mut(16);
+    if max_scale > 0.0 {
+        let iscale = Q4SCALE / max_scale;
+        for j in 0..16 {
+            sc[j] = nearest_int(iscale * scales[j]) as u8;
+        }
+        rest[64..66].copy_from_slice(&f32_to_fp16(max_scale / Q4SCALE).to_le_bytes());
+    } else {
+        sc.fill(0);
+        rest[64..66].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
+    }
+    if max_min > 0.0 {
+        let iscale = Q4SCALE / max_min;
+        for j in 0..16 {
+            sc[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+        }
+        rest[66..68].copy_from_slice(&f32_to_fp16(max_min / Q4SCALE).to_le_bytes());
+    } else {
+        rest[66..68].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
+    }
+    (fp16_to_f32(read_u16(rest, 64)), fp16_to_f32(read_u16(rest, 66)))
+}
+
+/// The importance path's block scales (`make_qp_quants` of the scales and of the mins,
+/// weighted by the sub-blocks' weight sums `sw`), written as [`ref_block_scales`] does.
+pub(crate) fn impl_block_scales(scales: &[f32; 16], mins: &[f32; 16], sw: &[f32; 16], y: &mut [u8]) -> (f32, f32) {
+    let mut ls = [0u8; 16];
+    let mut lm = [0u8; 16];
+    let dm = make_qp_quants(15, scales, &mut ls, sw);
+    let mm = make_qp_quants(15, mins, &mut lm, sw);
+    let (sc, rest) = y.split_at_mut(16);
+    rest[64..66].copy_from_slice(&f32_to_fp16(dm).to_le_bytes());
+    rest[66..68].copy_from_slice(&f32_to_fp16(mm).to_le_bytes());
+    for j in 0..16 {
+        sc[j] = ls[j] | (lm[j] << 4);
+    }
+    (fp16_to_f32(read_u16(rest, 64)), fp16_to_f32(read_u16(rest, 66)))
+}
+
+/// The final pass: levels from the block's scales (`if !d continue` keeps the first pass's).
+fn requantise(x: &[f32], sc: &[u8], dd: f32, dmin: f32, l: &mut [u8; QK_K]) {
+    for j in 0..16 {
+        let d = dd * (sc[j] & 0xF) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin * (sc[j] >> 4) as f32;
+        for ii in 0..16 {
+            l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+}
+
 /// `quantize_row_q2_K_ref`.
 pub fn quantize_row_ref(x: &[f32], y: &mut [u8]) {
-    const Q4SCALE: f32 = 15.0;
     for (x, y) in x.chunks_exact(QK_K).zip(y.chunks_exact_mut(BYTES)) {
         let mut l = [0u8; QK_K];
         let mut laux = [0u8; 16];
         let mut weights = [0.0f32; 16];
         let mut mins = [0.0f32; 16];
         let mut scales = [0.0f32; 16];
-        let mut max_scale = 0.0f32;
-        let mut max_min = 0.0f32;
         for j in 0..16 {
             for k in 0..16 {
                 weights[k] = x[16 * j + k].abs();
             }
             let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().unwrap();
             scales[j] = make_qkx_quants(3, x[16 * j..16 * j + 16].try_into().unwrap(), &weights, lj, &mut mins[j], &mut laux, -0.5, 0.1, 15, true);
-            if scales[j] > max_scale {
-                max_scale = scales[j];
-            }
-            if mins[j] > max_min {
-                max_min = mins[j];
-            }
         }
-        let (sc, rest) = y.split_at_mut(16);
-        if max_scale > 0.0 {
-            let iscale = Q4SCALE / max_scale;
-            for j in 0..16 {
-                sc[j] = nearest_int(iscale * scales[j]) as u8;
-            }
-            rest[64..66].copy_from_slice(&f32_to_fp16(max_scale / Q4SCALE).to_le_bytes());
-        } else {
-            sc.fill(0);
-            rest[64..66].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
-        }
-        if max_min > 0.0 {
-            let iscale = Q4SCALE / max_min;
-            for j in 0..16 {
-                sc[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
-            }
-            rest[66..68].copy_from_slice(&f32_to_fp16(max_min / Q4SCALE).to_le_bytes());
-        } else {
-            rest[66..68].copy_from_slice(&f32_to_fp16(0.0).to_le_bytes());
-        }
-        let dd = fp16_to_f32(read_u16(rest, 64));
-        let dmin = fp16_to_f32(read_u16(rest, 66));
-        for j in 0..16 {
-            let d = dd * (sc[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = dmin * (sc[j] >> 4) as f32;
-            for ii in 0..16 {
-                l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
-            }
-        }
-        pack_qs(&l, &mut rest[..64]);
+        let (dd, dmin) = ref_block_scales(&scales, &mins, y);
+        requantise(x, &y[..16], dd, dmin, &mut l);
+        pack_qs(&l, &mut y[16..80]);
     }
 }
 
@@ -260,8 +288,6 @@ pub fn quantize_row_impl(x: &[f32], y: &mut [u8], quant_weights: &[f32]) {
         let mut scales = [0.0f32; 16];
         let mut sw = [0.0f32; 16];
         let mut weight = [0.0f32; 16];
-        let mut ls = [0u8; 16];
-        let mut lm = [0u8; 16];
         let mut sumx2 = 0.0f32;
         for &v in x {
             sumx2 += v * v;
@@ -278,27 +304,9 @@ pub fn quantize_row_impl(x: &[f32], y: &mut [u8], quant_weights: &[f32]) {
             let lj: &mut [u8; 16] = (&mut l[16 * j..16 * j + 16]).try_into().unwrap();
             scales[j] = make_qkx_quants(3, x[16 * j..16 * j + 16].try_into().unwrap(), &weight, lj, &mut mins[j], &mut laux, -0.9, 0.05, 36, false);
         }
-        let dm = make_qp_quants(15, &scales, &mut ls, &sw);
-        let mm = make_qp_quants(15, &mins, &mut lm, &sw);
-        let (sc, rest) = y.split_at_mut(16);
-        rest[64..66].copy_from_slice(&f32_to_fp16(dm).to_le_bytes());
-        rest[66..68].copy_from_slice(&f32_to_fp16(mm).to_le_bytes());
-        let dm = fp16_to_f32(read_u16(rest, 64));
-        let mm = fp16_to_f32(read_u16(rest, 66));
-        for j in 0..16 {
-            sc[j] = ls[j] | (lm[j] << 4);
-        }
-        for j in 0..16 {
-            let d = dm * (sc[j] & 0xF) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let m = mm * (sc[j] >> 4) as f32;
-            for ii in 0..16 {
-                l[16 * j + ii] = nearest_int((x[16 * j + ii] + m) / d).clamp(0, 3) as u8;
-            }
-        }
-        pack_qs(&l, &mut rest[..64]);
+        let (dm, mm) = impl_block_scales(&scales, &mins, &sw, y);
+        requantise(x, &y[..16], dm, mm, &mut l);
+        pack_qs(&l, &mut y[16..80]);
     }
 }
 

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::view::{Built, VirtualFile};
-use write::{hash_disk, partial_paths, write_one};
+use write::{commit, hash_disk, partial_paths, uncommit, write_one};
 
 const STATE: &str = ".xpackfs-materialize.json";
 
@@ -164,8 +164,8 @@ fn split_files(files: Files) -> (Files, Files) {
 }
 
 /// Write the derived files (after every data file: their digests are recorded by then).
-fn write_derived(out: &Path, derived: &[(String, Arc<VirtualFile>)], opts: &Options, done: &AtomicU64) -> Result<Vec<FileResult>, MaterializeError> {
-    derived.par_iter().map(|(name, f)| write_one(out, name, f, opts, done)).collect()
+fn write_derived(out: &Path, derived: &[(String, Arc<VirtualFile>)], opts: &Options, done: &AtomicU64, commit_now: bool) -> Result<Vec<FileResult>, MaterializeError> {
+    derived.par_iter().map(|(name, f)| write_one(out, name, f, opts, done, commit_now)).collect()
 }
 
 /// Check what was written: every file re-hashed against the digest taken while writing,
@@ -216,8 +216,8 @@ pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<File
             partition::PARTS_DIR
         )));
     }
-    write_atomic(&state_path, json!({"source": identity, "files": files.iter().map(|(p, f)| json!({"name": p, "size": f.size()})).collect::<Vec<_>>()}).to_string().as_bytes())
-        .map_err(io(&state_path))?;
+    let state = json!({"source": identity, "files": files.iter().map(|(p, f)| json!({"name": p, "size": f.size()})).collect::<Vec<_>>()}).to_string();
+    write_atomic(&state_path, state.as_bytes()).map_err(io(&state_path))?;
 
     let total: u64 = files.iter().map(|(_, f)| f.size()).sum();
     let already: u64 = files
@@ -228,15 +228,29 @@ pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<File
 
     let progress = Progress::start(total, opts.progress);
     let (data, derived) = split_files(files);
+    // Every file is written complete (as `.<name>.partial`) before any is put in its final
+    // place: a run stopped by bad content leaves partials and state only, which `--resume`
+    // continues, never a final file next to a failed one.
     let mut results: Vec<FileResult> =
-        data.par_iter().map(|(name, f)| write_one(out, name, f, opts, &progress.done)).collect::<Result<_, _>>()?;
-    results.extend(write_derived(out, &derived, opts, &progress.done)?);
+        data.par_iter().map(|(name, f)| write_one(out, name, f, opts, &progress.done, false)).collect::<Result<_, _>>()?;
+    results.extend(write_derived(out, &derived, opts, &progress.done, false)?);
     drop(progress);
+    results.par_iter().try_for_each(|r| commit(out, &r.name, opts))?;
     let _ = std::fs::remove_file(&state_path);
     remove_leftovers(out);
     fsync_dir(out).map_err(io(out))?;
-    if opts.verify {
-        verify(built, out, &results)?;
+    if opts.verify
+        && let Err(e) = verify(built, out, &results)
+    {
+        // Nothing unverified stays final: back to complete partials, with the state, so
+        // `--resume` (after the cause is fixed) picks them up.
+        for r in &results {
+            if let Err(u) = uncommit(out, &r.name) {
+                tracing::error!("verify failed and {} could not be moved back to a partial file: {u}", r.name);
+            }
+        }
+        write_atomic(&state_path, state.as_bytes()).map_err(io(&state_path))?;
+        return Err(e);
     }
     Ok(results)
 }

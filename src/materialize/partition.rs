@@ -260,7 +260,7 @@ pub fn run_partition(
             }
             let file = files[piece.file.as_str()];
             let (sha256, ranges, result) = if piece.whole {
-                let r = write_one(out, &piece.file, file, &resume, done)?;
+                let r = write_one(out, &piece.file, file, &resume, done, true)?;
                 (r.sha256.clone(), r.ranges.clone(), r)
             } else {
                 let (sha, ranges) = write_piece(out, &piece.file, file, piece, opts.chunk, done)?;
@@ -349,7 +349,7 @@ pub fn finalize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<FileRes
     let resume = Options { resume: true, ..opts.clone() };
     let derived: Files = listed.iter().filter(|(_, f)| f.is_derived()).cloned().collect();
     let progress = Progress::start(derived.iter().map(|(_, f)| f.size()).sum(), false);
-    results.extend(write_derived(out, &derived, &resume, &progress.done)?);
+    results.extend(write_derived(out, &derived, &resume, &progress.done, true)?);
     drop(progress);
     std::fs::remove_dir_all(parts_dir(out)).map_err(io(&parts_dir(out)))?;
     super::remove_leftovers(out);

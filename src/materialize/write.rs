@@ -175,9 +175,10 @@ pub(super) fn record(file: &VirtualFile, whole: &str, ranges: &[(u64, u64, Strin
 }
 
 /// Write one whole file durably: `.<name>.partial` with a checkpoint of the bytes made
-/// durable, then fsync, rename into place and fsync the directory. With `opts.resume` a
-/// partial file continues from its checkpoint, and a completed file is re-hashed, not rewritten.
-pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &AtomicU64) -> Result<FileResult, MaterializeError> {
+/// durable, then fsync, and with `commit` rename into place and fsync the directory (else
+/// the complete partial waits for [`commit`]). With `opts.resume` a partial file continues
+/// from its checkpoint, and a completed file is re-hashed, not rewritten.
+pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &AtomicU64, commit_now: bool) -> Result<FileResult, MaterializeError> {
     let final_path = out.join(name);
     let (partial, ckpt) = partial_paths(out, name);
     let parent = final_path.parent().unwrap_or(out).to_path_buf();
@@ -224,15 +225,42 @@ pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Optio
     let hasher = stream(name, file, &f, &partial, (start, size), opts.chunk, hasher, done, &checkpoint)?;
     f.sync_all().map_err(io(&partial))?;
     drop(f);
+    checkpoint(size)?;
+    if commit_now {
+        commit(out, name, opts)?;
+    }
+    let (sha, ranges) = hasher.finish();
+    record(file, &sha, &ranges);
+    Ok(FileResult { name: name.into(), size, sha256: sha, resumed_from: start, skipped: false, ranges })
+}
+
+/// Put a complete partial file in its final place: rename, drop its checkpoint, fsync the
+/// directory. A file that is already final (resumed) is left as it is.
+pub(super) fn commit(out: &Path, name: &str, opts: &Options) -> Result<(), MaterializeError> {
+    let final_path = out.join(name);
+    let (partial, ckpt) = partial_paths(out, name);
+    if !partial.exists() && final_path.exists() {
+        return Ok(());
+    }
     if final_path.exists() && !opts.replace {
         return Err(MaterializeError::Refused(format!("{} already exists (use --replace)", final_path.display())));
     }
     std::fs::rename(&partial, &final_path).map_err(io(&final_path))?;
     let _ = std::fs::remove_file(&ckpt);
-    fsync_dir(&parent).map_err(io(&parent))?;
-    let (sha, ranges) = hasher.finish();
-    record(file, &sha, &ranges);
-    Ok(FileResult { name: name.into(), size, sha256: sha, resumed_from: start, skipped: false, ranges })
+    let parent = final_path.parent().unwrap_or(out);
+    fsync_dir(parent).map_err(io(parent))
+}
+
+/// Undo [`commit`] for a file that failed verification: back to a complete partial file,
+/// so nothing unverified is left in a final place (a `--resume` re-hashes it).
+pub(super) fn uncommit(out: &Path, name: &str) -> Result<(), MaterializeError> {
+    let final_path = out.join(name);
+    let (partial, ckpt) = partial_paths(out, name);
+    let size = std::fs::metadata(&final_path).map_err(io(&final_path))?.len();
+    write_atomic(&ckpt, json!({"durable_bytes": size, "size": size}).to_string().as_bytes()).map_err(io(&ckpt))?;
+    std::fs::rename(&final_path, &partial).map_err(io(&partial))?;
+    let parent = final_path.parent().unwrap_or(out);
+    fsync_dir(parent).map_err(io(parent))
 }
 
 /// sha256 of a file on disk.

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::source::SourceIo;
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +246,18 @@ impl Fs {
 
     /// Read into `buf` through handle `fh`; returns the byte count (short only at end of file).
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
+        self.read_io(ino, fh, offset, buf, SourceIo::Buffered)
+    }
+
+    /// [`Fs::read`] with source bytes read as `io` says (the handle's source I/O mode).
+    pub fn read_io(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], io: SourceIo) -> Result<usize, FsError> {
+        self.read_pieces(ino, fh, offset, buf, io, 0)
+    }
+
+    /// [`Fs::read_io`], a request larger than `piece` bytes (if not 0) read as pieces at once on
+    /// the current rayon pool (cut at piece-aligned offsets): one request then keeps several
+    /// device reads in flight. Same bytes, count and errors as one read.
+    pub fn read_pieces(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let f = match &node.kind {
             NodeKind::File(f) => f,
@@ -259,7 +272,7 @@ impl Fs {
         };
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let result = f.read_at(offset, buf);
+        let result = if piece == 0 || buf.len() <= piece { f.read_at_io(offset, buf, io) } else { read_in_pieces(f, offset, buf, io, piece) };
         self.stats.record(started.elapsed().as_micros() as u64);
         match result {
             Ok(n) => {
@@ -272,6 +285,26 @@ impl Fs {
             }
         }
     }
+}
+
+/// `f.read_at_io` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
+fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, ViewError> {
+    let want = (buf.len() as u64).min(f.size().saturating_sub(offset)) as usize;
+    let mut pieces = Vec::new();
+    let (mut rest, mut pos) = (&mut buf[..want], offset);
+    while !rest.is_empty() {
+        let cut = (piece as u64 - pos % piece as u64) as usize;
+        let (head, tail) = rest.split_at_mut(cut.min(rest.len()));
+        pieces.push((pos, head, Ok(0)));
+        pos += cut as u64;
+        rest = tail;
+    }
+    rayon::scope(|s| {
+        for (pos, out, result) in pieces.iter_mut() {
+            s.spawn(move |_| *result = f.read_at_io(*pos, out, io));
+        }
+    });
+    pieces.into_iter().try_fold(0, |n, (_, _, r)| Ok(n + r?))
 }
 
 #[cfg(test)]
@@ -329,6 +362,25 @@ mod tests {
         let fh = fs.open(ino, libc::O_RDONLY).unwrap();
         assert_eq!(fs.read(ino, fh, 7, &mut buf).unwrap(), 1);
         assert_eq!(buf[0], format!("{rendered}").as_bytes()[0]);
+    }
+
+    #[test]
+    fn reads_in_pieces_equal_one_read() {
+        let bytes: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut t = Tree::new();
+        let mut f = VirtualFile::new();
+        f.push(crate::view::Extent::Bytes(Arc::from(&bytes[..20_000])));
+        f.push(crate::view::Extent::Zeros(1000));
+        f.push(crate::view::Extent::Bytes(Arc::from(&bytes[20_000..])));
+        let whole: Vec<u8> = [&bytes[..20_000], &[0u8; 1000][..], &bytes[20_000..]].concat();
+        t.add_file(ROOT_INO, "f", f);
+        let fs = Fs::new(t, Ownership { uid: 0, gid: 0, read_bits: 0o444, mtime: SystemTime::UNIX_EPOCH });
+        let ino = fs.lookup(ROOT_INO, "f").unwrap().ino;
+        for (off, len) in [(0usize, 51_000usize), (1, 9000), (4095, 4098), (40_000, 20_000), (51_000, 10), (10, 3)] {
+            let mut buf = vec![0xAAu8; len];
+            let n = fs.read_pieces(ino, NO_HANDLE, off as u64, &mut buf, SourceIo::Buffered, 4096).unwrap();
+            assert_eq!(&buf[..n], &whole[off.min(whole.len())..(off + len).min(whole.len())], "offset {off} len {len}");
+        }
     }
 
     #[test]

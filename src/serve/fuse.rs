@@ -1,8 +1,10 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
-//! errno. No filesystem logic lives here. A read that would wait for a chunk (not in memory:
-//! loaded from the disk cache or computed) is answered from a pool of waiting threads
-//! ([`super::waiting`]), so the FUSE workers stay free for metadata, status files and bytes
-//! that are ready while every core computes.
+//! errno. No filesystem logic lives here; besides translating, it decides per handle how
+//! the source is read (the client's `O_DIRECT`, the `source_io` option) and where reads run:
+//! direct reads on a pool of their own ([`direct_pool`]), and a read that would wait for a
+//! chunk (not in memory: loaded from the disk cache or computed) on another such pool, so the
+//! FUSE workers stay free for metadata, status files and ready bytes while every core
+//! computes.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -18,6 +20,60 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::fs::{Attr, Fs, FsError, Kind};
+use crate::source::SourceIo;
+
+/// File-handle bit of handles that read the source with direct I/O (the filesystem's own
+/// handles count up from 1, passthrough handles from 2^62: neither reaches it).
+const DIRECT_FH: u64 = 1 << 63;
+
+fn handle_io(fh: FileHandle) -> SourceIo {
+    if fh.0 & DIRECT_FH != 0 { SourceIo::Direct } else { SourceIo::Buffered }
+}
+
+/// The threads that serve reads of direct handles (and, a second pool of them, reads that
+/// wait for a chunk). A direct read holds its thread on the device for the whole request, so the FUSE worker hands it over and goes back for the
+/// next request: the requests of one client `preadv` (async direct I/O sends them at once)
+/// and of its concurrent readers reach the device together, as a local reader's do, while
+/// page-cache reads stay on the few FUSE workers.
+///
+/// Plain threads taking jobs from one queue, not a work-stealing pool: a read may wait for
+/// a chunk another read is computing, and a thread of a work-stealing pool that waits inside
+/// its own computation's parallel loop can pick up, and block on, the very read that waits
+/// for it.
+pub struct DirectPool {
+    queue: Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+}
+
+impl DirectPool {
+    fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        if let Err(std::sync::mpsc::SendError(job)) = self.queue.lock().send(Box::new(job)) {
+            job(); // the threads are gone (shutting down): serve it here
+        }
+    }
+}
+
+/// `threads == 0`: no pool (direct reads on the FUSE worker).
+pub fn direct_pool(threads: usize) -> Result<Option<Arc<DirectPool>>, String> {
+    if threads == 0 {
+        return Ok(None);
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+    let rx = Arc::new(Mutex::new(rx));
+    for i in 0..threads {
+        let rx = rx.clone();
+        std::thread::Builder::new()
+            .name(format!("xpackfs-dio-{i}"))
+            .spawn(move || loop {
+                let job = rx.lock().recv();
+                match job {
+                    Ok(job) => job(),
+                    Err(_) => return,
+                }
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(Some(Arc::new(DirectPool { queue: Mutex::new(tx) })))
+}
 
 /// Contents never change while mounted, so attributes and entries can be cached long.
 const TTL: Duration = Duration::from_secs(3600);
@@ -30,29 +86,21 @@ pub struct FuseAdapter {
     /// `direct_io` option); cleared in `init` when auto and the kernel cannot mmap them.
     pub direct_io: Option<bool>,
     pub passthrough: Arc<Passthrough>,
+    /// How handles read the source: `None` (auto) as the client opened the file (`O_DIRECT`
+    /// or not), else always this (the `source_io` option).
+    pub source_io: Option<SourceIo>,
+    /// Where reads of direct handles run (see [`direct_pool`]); `None`: on the FUSE worker.
+    pub direct_pool: Option<Arc<DirectPool>>,
+    /// Direct reads larger than this are read as parallel pieces on the pool (0: whole).
+    pub direct_piece: usize,
+    /// Negotiate FUSE_ASYNC_DIO (the `async_dio` option).
+    pub async_dio: bool,
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
     pub passthrough_files: bool,
     pub mount_path: std::path::PathBuf,
-    /// Where reads that wait for a chunk are served; `None`: on the FUSE worker.
-    pub waiting: Option<Arc<super::waiting::WaitingPool>>,
-}
-
-/// A read answered on a waiting thread (a buffer of its own, kept like a worker's; the same
-/// guard as every callback).
-fn read_waiting(fs: &Fs, ino: u64, fh: u64, offset: u64, size: u32, reply: ReplyData) {
-    thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    BUF.with_borrow_mut(|buf| {
-        if buf.len() < size as usize {
-            buf.resize(size as usize, 0);
-        }
-        let buf = &mut buf[..size as usize];
-        match guarded("read", || fs.read(ino, fh, offset, buf)) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(e),
-        }
-    })
+    /// Where reads that wait for a chunk run (a [`DirectPool`] of their own); `None`: on the
+    /// FUSE worker (views that compute nothing).
+    pub waiting: Option<Arc<DirectPool>>,
 }
 
 /// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are
@@ -173,6 +221,10 @@ impl Filesystem for FuseAdapter {
                 }
             }
         }
+        // One large O_DIRECT read is sent as concurrent requests, not one after the other.
+        if self.async_dio && config.add_capabilities(InitFlags::FUSE_ASYNC_DIO).is_err() {
+            tracing::info!("the kernel does not offer FUSE_ASYNC_DIO: O_DIRECT reads are sent one request at a time");
+        }
         if let Some(n) = self.max_background {
             let _ = config.set_max_background(n);
         }
@@ -233,16 +285,25 @@ impl Filesystem for FuseAdapter {
                 Err(e) => return reply.error(e),
             }
         }
+        // The client's O_DIRECT decides how this handle reads the source (unless overridden).
+        let client_direct = flags.0 & libc::O_DIRECT != 0;
+        let io = self.source_io.unwrap_or(if client_direct { SourceIo::Direct } else { SourceIo::Buffered });
+        let fh = FileHandle(fh | if io == SourceIo::Direct { DIRECT_FH } else { 0 });
         if self.fs.is_dynamic(ino.0) {
             // Status files are rendered per open: no page cache.
-            reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+            reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
+        } else if client_direct {
+            // The kernel bypasses the page cache for this handle already; without
+            // FOPEN_DIRECT_IO it does so through its direct-I/O path, which sends the
+            // requests of one large read at once (FUSE_ASYNC_DIO) instead of one by one.
+            reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
         } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) {
             // Direct I/O: source bytes are page-cached as the source already; a second copy
             // in the mount's page cache would only cost memory and a slower cold path.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+            reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
         } else {
             // Immutable contents: keep the kernel's page cache across opens.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
         }
     }
 
@@ -258,28 +319,23 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
+        let io = handle_io(fh);
+        let fh = fh.0 & !DIRECT_FH;
         if let Some(pool) = &self.waiting
             && !self.fs.ready(ino.0, offset, size.into())
         {
+            // It would wait for a chunk: the worker goes back for the next request.
             let fs = self.fs.clone();
-            return pool.spawn(move || read_waiting(&fs, ino.0, fh.0, offset, size, reply));
+            return pool.spawn(move || serve_read(&fs, ino, fh, offset, size, io, 0, reply));
         }
-        // Each worker thread keeps one buffer, zeroed once and grown to the largest request:
-        // no allocation and no memset per read (the view overwrites what it returns).
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        match (&self.direct_pool, io) {
+            (Some(pool), SourceIo::Direct) => {
+                let fs = self.fs.clone();
+                let piece = self.direct_piece;
+                pool.spawn(move || serve_read(&fs, ino, fh, offset, size, io, piece, reply));
+            }
+            _ => serve_read(&self.fs, ino, fh, offset, size, io, 0, reply),
         }
-        BUF.with_borrow_mut(|buf| {
-            if buf.len() < size as usize {
-                buf.resize(size as usize, 0);
-            }
-            let buf = &mut buf[..size as usize];
-            match guarded("read", || self.fs.read(ino.0, fh.0, offset, buf)) {
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(e),
-            }
-        })
     }
 
     fn release(
@@ -294,7 +350,7 @@ impl Filesystem for FuseAdapter {
     ) {
         // The last handle of an inode closes its backing id.
         self.passthrough.by_handle.lock().remove(&fh.0);
-        self.fs.release(fh.0);
+        self.fs.release(fh.0 & !DIRECT_FH);
         reply.ok();
     }
 
@@ -345,4 +401,27 @@ impl Filesystem for FuseAdapter {
         let (bytes, files) = guarded("statfs", || Ok(self.fs.totals())).unwrap_or((0, 0));
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
+}
+
+/// Read and answer one request, on the calling thread (in pieces of `piece` bytes run on
+/// the current rayon pool, if not 0).
+#[allow(clippy::too_many_arguments)]
+fn serve_read(fs: &Fs, ino: INodeNo, fh: u64, offset: u64, size: u32, io: SourceIo, piece: usize, reply: ReplyData) {
+    let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
+    // Each thread keeps one buffer, zeroed once and grown to the largest request: no
+    // allocation and no memset per read (the view overwrites what it returns). It is taken
+    // out while in use: a pool thread waiting for its pieces may serve another request.
+    thread_local! {
+        static BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut buf = BUF.take();
+    if buf.len() < size as usize {
+        buf.resize(size as usize, 0);
+    }
+    let out = &mut buf[..size as usize];
+    match guarded("read", || fs.read_pieces(ino.0, fh, offset, out, io, piece)) {
+        Ok(n) => reply.data(&out[..n]),
+        Err(e) => reply.error(e),
+    }
+    BUF.set(buf);
 }

@@ -1,6 +1,5 @@
 //! Serving a built view over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
-//! adapter (`fuse`), the threads reads that wait for chunks are served on (`waiting`),
-//! serving options (`options`) and process plumbing (`daemon`). This layer
+//! adapter (`fuse`), serving options (`options`) and process plumbing (`daemon`). This layer
 //! knows views only as a [`Built`] tree and the chunk [`Tiers`] it computes through (their
 //! counters go to `/.xpackfs/stats.json`; `prewarm=on` starts a background warm-up of the
 //! disk cache once the mount is live); which view and how it was built is `view`'s business.
@@ -9,7 +8,6 @@ pub mod daemon;
 pub mod fs;
 pub mod fuse;
 pub mod options;
-pub mod waiting;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -36,6 +34,8 @@ pub enum MountError {
     Mount { path: PathBuf, source: std::io::Error },
     #[error("FUSE session: {0}")]
     Session(std::io::Error),
+    #[error("direct I/O threads: {0}")]
+    Threads(String),
 }
 
 /// Where the kernel mounts: the canonical mountpoint, which must be a directory, or
@@ -76,8 +76,8 @@ fn fd_mountpoint(mountpoint: &str) -> Option<i32> {
     mountpoint.strip_prefix("/dev/fd/")?.parse().ok()
 }
 
-/// Threads that serve reads waiting for chunks ([`waiting`]): one per read the kernel may
-/// keep in flight (up to 16 readahead requests by default, plus the clients' own reads).
+/// Threads that serve reads waiting for chunks: one per read the kernel may keep in flight
+/// (up to 16 readahead requests by default, plus the clients' own reads).
 const WAITING_THREADS: usize = 32;
 
 /// `major:minor` of the filesystem mounted at `mountpoint`, from /proc/self/mountinfo
@@ -155,10 +155,14 @@ pub fn mount(
         max_read: opts.max_read,
         max_background: opts.max_background,
         direct_io: opts.direct_io.forced(),
+        source_io: opts.source_io.0,
+        direct_pool: fuse::direct_pool(opts.direct_threads).map_err(MountError::Threads)?,
+        async_dio: opts.async_dio,
+        direct_piece: opts.direct_piece_kb << 10,
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),
-        waiting: if fs.has_computed() { Some(Arc::new(waiting::WaitingPool::new(WAITING_THREADS).map_err(MountError::Session)?)) } else { None },
+        waiting: if fs.has_computed() { fuse::direct_pool(WAITING_THREADS).map_err(MountError::Threads)? } else { None },
     };
 
     let mut config = Config::default();
@@ -211,7 +215,14 @@ pub fn mount(
             }
         });
     }
-    tracing::info!("mounted {} on {} ({} view, {} files)", source_path.display(), mount_path.display(), view.name(), fs.tree().vfiles().count());
+    tracing::info!(
+        "mounted {} on {} ({} view, {} files; codecs: SIMD {})",
+        source_path.display(),
+        mount_path.display(),
+        view.name(),
+        fs.tree().vfiles().count(),
+        crate::codec::simd::describe()
+    );
     ready.ready(opts.log_file.as_deref());
     if prewarm {
         start_prewarm(fs.tree().files(), tiers);
@@ -257,6 +268,7 @@ fn stats_content(stats: Arc<fs::Stats>, tiers: Arc<Tiers>, files: usize) -> crat
         let c = &cache.stats;
         let v = serde_json::json!({
             "uptime_s": started.elapsed().as_secs_f64(),
+            "codec_simd": crate::codec::simd::describe(),
             "files": files,
             "reads": stats.reads.load(Relaxed),
             "bytes_served": stats.bytes_served.load(Relaxed),

@@ -56,6 +56,22 @@ pub struct ServeOptions {
     /// files keep the page cache
     #[arg(long, default_value = "auto", value_parser = Auto::parse, help_heading = "Serving")]
     pub direct_io: Auto,
+    /// auto|direct|buffered: how reads of a handle read the source. auto: as the client
+    /// opened the file, so a client reading with O_DIRECT (SGLang's loader) makes the daemon
+    /// read the source with O_DIRECT too and leaves nothing in the page cache
+    #[arg(long, default_value = "auto", value_parser = SourceIoChoice::parse, help_heading = "Serving")]
+    pub source_io: SourceIoChoice,
+    /// Threads that serve the reads of direct (O_DIRECT) handles, so that many reach the device
+    /// at once while page-cache reads stay on the FUSE workers (0: on the FUSE workers)
+    #[arg(long, default_value = "32", value_parser = int_in::<usize>(0, 256), help_heading = "Serving")]
+    pub direct_threads: usize,
+    /// Reads of direct handles larger than this many KiB are read as parallel pieces of it
+    /// (0: whole; measured no gain with the direct-read pool, see tools/bench_serve.py)
+    #[arg(long, default_value = "0", value_parser = direct_piece_kb, help_heading = "Serving")]
+    pub direct_piece_kb: usize,
+    /// on|off: FUSE_ASYNC_DIO, the kernel sends the requests of one large O_DIRECT read at once
+    #[arg(long, default_value = "on", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Serving")]
+    pub async_dio: bool,
     /// auto|off: files that are whole source files (INT8 tree mounts) are read by the kernel
     /// straight from the source with FUSE passthrough (kernel 6.9+, root); auto falls back to
     /// reads through the daemon where unavailable
@@ -86,6 +102,28 @@ pub struct ServeOptions {
     /// Stay in the foreground (same as -f)
     #[arg(long, short = 'f', help_heading = "Logging")]
     pub foreground: bool,
+}
+
+/// `source_io`: `None` for auto (each handle as the client opened the file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceIoChoice(pub Option<crate::source::SourceIo>);
+
+impl SourceIoChoice {
+    pub fn parse(s: &str) -> Result<SourceIoChoice, String> {
+        match s {
+            "auto" => Ok(SourceIoChoice(None)),
+            "direct" => Ok(SourceIoChoice(Some(crate::source::SourceIo::Direct))),
+            "buffered" => Ok(SourceIoChoice(Some(crate::source::SourceIo::Buffered))),
+            _ => Err(format!("{s:?} is not auto, direct or buffered")),
+        }
+    }
+}
+
+fn direct_piece_kb(s: &str) -> Result<usize, String> {
+    match int_in::<usize>(0, 1024)(s)? {
+        v @ (0 | 4..=1024) => Ok(v),
+        v => Err(format!("{v} must be 0 or from 4 to 1024")),
+    }
 }
 
 fn passthrough(s: &str) -> Result<bool, String> {

@@ -4,7 +4,8 @@
 //! Every byte xpackfs serves from a source goes through [`SourceFile::read_exact_at`],
 //! which uses `pread` (never a mapping: a source truncated under a mapping would
 //! raise SIGBUS in the daemon) and re-checks the identity after the read, so bytes
-//! read from a file that changed underneath are never handed out.
+//! read from a file that changed underneath are never handed out (or through
+//! [`SourceFile::read_exact_at_direct`], the same with `O_DIRECT`: `direct.rs`).
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -43,6 +44,8 @@ pub struct SourceFile {
     identity: FileIdentity,
     /// When the path was last checked to still name this file (ms since the epoch).
     path_checked_ms: AtomicU64,
+    /// The `O_DIRECT` descriptor, opened on first direct read (see `direct.rs`).
+    pub(super) direct: super::direct::DirectFd,
 }
 
 /// How often reads re-check that the path still names the open file (replaced, deleted).
@@ -60,7 +63,7 @@ impl SourceFile {
         if !meta.is_file() {
             return Err(SourceError::format(path, "source must be a regular file"));
         }
-        Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta), path_checked_ms: AtomicU64::new(now_ms()) })
+        Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta), path_checked_ms: AtomicU64::new(now_ms()), direct: Default::default() })
     }
 
     pub fn path(&self) -> &Path {
@@ -78,7 +81,7 @@ impl SourceFile {
     /// Check that the path still names the open file (not replaced by a rename, not
     /// deleted). Rate-limited to once per second per file: a stat by path per read would
     /// cost more than the read itself.
-    fn check_path(&self) -> Result<(), SourceError> {
+    pub(super) fn check_path(&self) -> Result<(), SourceError> {
         let now = now_ms();
         let last = self.path_checked_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) < PATH_CHECK_MS {

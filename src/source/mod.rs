@@ -1,11 +1,13 @@
 //! Checkpoint readers. A [`Source`] is parsed from headers only: a table of tensors, each
 //! pointing at a byte range in one of the source's files. Content is read later, on
-//! demand, through [`SourceFile::read_exact_at`].
+//! demand, through [`SourceFile::read_exact_at`] (or its `O_DIRECT` twin,
+//! [`SourceFile::read_exact_at_direct`], for clients that read with direct I/O).
 //!
 //! A split GGUF set (`name-00001-of-0000N.gguf`) is one logical source: its files are
 //! concatenated in order, and a tensor's *logical offset* is its offset in that
 //! concatenation (for a single file it is simply the file offset).
 
+pub mod direct;
 pub mod file;
 pub mod gguf;
 pub mod safetensors;
@@ -13,6 +15,7 @@ pub mod safetensors;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use direct::SourceIo;
 pub use file::{FileIdentity, SourceFile};
 
 use crate::codec::GgmlType;

@@ -307,7 +307,7 @@ impl Fp8Inner {
         let mut s = vec![0u8; self.scale_len];
         self.scale.read_exact_at(&mut s, self.scale_offset)?;
         let mut out = vec![0u16; rows * self.geo.cols];
-        self.geo.to_bf16(&w, first, &s, &mut out).map_err(|e| {
+        self.geo.to_bf16_par(&w, first, &s, &mut out).map_err(|e| {
             let rule = match e {
                 crate::codec::CodecError::BadScale { .. } => format!("non-finite or non-positive FP8 scales ({e})"),
                 crate::codec::CodecError::NonFiniteWeight { .. } => format!("non-finite FP8 non-expert weight ({e})"),
@@ -593,7 +593,7 @@ fn manifest_base(source: &Source, planned: &[Planned], config_path: &std::path::
         shard_records.push(shard_record(f, h.header_len)?);
     }
     let file_sha = |p: &std::path::Path| -> Result<String, ViewError> {
-        let b = std::fs::read(p).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
+        let b = crate::fsutil::read_limited(p, 256 << 20).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
         Ok(digest::sha256_hex(&b))
     };
     let identity = json!({"config_sha256": file_sha(config_path)?, "index_sha256": file_sha(index_path)?, "shards": shard_records});

@@ -74,7 +74,7 @@ impl ViewError {
         ViewError::Option { option, rule: rule.into() }
     }
 
-    /// The error itself, under any number of [`ViewError::Shared`] wrappers.
+    /// The error itself, through the sharing of a computation's error with its waiters.
     pub fn root(&self) -> &ViewError {
         match self {
             ViewError::Shared(inner) => inner.root(),

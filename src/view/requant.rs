@@ -185,7 +185,7 @@ impl QuantInner {
         self.scale.read_exact_at(&mut scales, self.scale_offset + (first * self.k / 32) as u64)?;
         let mut x = vec![0f32; rows * self.k];
         let content = |rule: String| ViewError::Content { tensor: self.name.clone(), rule };
-        mxfp4::dequantize_deepseek(&packed, &scales, self.k, &mut x).map_err(|e| match e {
+        mxfp4::dequantize_deepseek_par(&packed, &scales, self.k, &mut x).map_err(|e| match e {
             codec::CodecError::E8m0Nan { index } => content(format!(
                 "MXFP4 scale byte 255 (E8M0 NaN) at row {}, block {}",
                 first + index / (self.k / 32),
@@ -393,7 +393,8 @@ fn importance_rows(source: &Source, planned: &[Planned], imatrix: Option<&Imatri
 pub fn build(source: &Source, recipe: &Options, ctx: &super::Context) -> Result<Tree, ViewError> {
     let meta = source.safetensors().ok_or_else(|| err("the requantised-shards view needs a safetensors checkpoint"))?;
     let index_path = meta.index_path.as_ref().ok_or_else(|| err("model.safetensors.index.json is missing"))?;
-    let index: Value = serde_json::from_slice(&std::fs::read(index_path).map_err(|e| err(format!("{}: {e}", index_path.display())))?)
+    let text = crate::fsutil::read_limited(index_path, 256 << 20).map_err(|e| err(format!("{}: {e}", index_path.display())))?;
+    let index: Value = serde_json::from_slice(&text)
         .map_err(|e| err(format!("{}: {e}", index_path.display())))?;
     let weight_map = index["weight_map"].as_object().ok_or_else(|| err("index has no weight_map"))?;
     let mut planned = plan(source, weight_map, recipe)?;

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::compute::{Priority, Warmed};
 use super::ViewError;
-use crate::source::SourceFile;
+use crate::source::{SourceFile, SourceIo};
 
 /// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
 /// produced whole; the computed views produce theirs through [`super::compute::Tiers`]
@@ -111,6 +111,12 @@ impl VirtualFile {
 
     /// Read up to `buf.len()` bytes at `offset`; returns the count (short only at EOF).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
+        self.read_at_io(offset, buf, SourceIo::Buffered)
+    }
+
+    /// [`VirtualFile::read_at`], with source extents read as `io` says (direct I/O for a
+    /// client that reads with `O_DIRECT`; computed chunks read their inputs as they do).
+    pub fn read_at_io(&self, offset: u64, buf: &mut [u8], io: SourceIo) -> Result<usize, ViewError> {
         if offset >= self.size || buf.is_empty() {
             return Ok(0);
         }
@@ -126,7 +132,10 @@ impl VirtualFile {
             match extent {
                 Extent::Bytes(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
                 Extent::Zeros(_) => out.fill(0),
-                Extent::Source { file, offset: src, .. } => file.read_exact_at(out, src + within)?,
+                Extent::Source { file, offset: src, .. } => match io {
+                    SourceIo::Buffered => file.read_exact_at(out, src + within)?,
+                    SourceIo::Direct => file.read_exact_at_direct(out, src + within)?,
+                },
                 Extent::Computed { source, id, len } => {
                     let chunk = source.chunk(*id)?;
                     if chunk.len() as u64 != *len {

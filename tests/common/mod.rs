@@ -25,11 +25,33 @@ pub fn shared() -> PathBuf {
     p
 }
 
-/// The reference ggml library the requant tests run the fourth seed with.
+/// The reference ggml library the requantisation seed runs with (tools/build_ggml_ref.sh).
 pub fn ggml_lib() -> String {
     std::env::var("XPACKFS_GGML_LIB").unwrap_or_else(|_| {
         panic!("XPACKFS_GGML_LIB is not set: build the reference with `bash tools/build_ggml_ref.sh` and export its output (tools/test.sh does)")
     })
+}
+
+/// The first seed (SGLang's expert-pack builder) on `source` into `out`, with its arguments.
+pub fn seed_expert_pack(source: &Path, out: &Path, args: &[&str]) {
+    run_ok(python().arg(repo().join("tools/run_seed_expert_pack.py")).arg("--seeds").arg(shared().join("seeds")).arg("--source").arg(source).arg("--out").arg(out).args(args));
+}
+
+/// The fourth seed's `plan` + `convert` on `src` into `out`, with recipe flags.
+pub fn seed_requant(src: &Path, out: &Path, recipe: &[&str]) {
+    run_ok(
+        python()
+            .arg(repo().join("tools/run_seed_requant.py"))
+            .arg("--seeds")
+            .arg(shared().join("seeds"))
+            .arg("--source")
+            .arg(src)
+            .arg("--out")
+            .arg(out)
+            .arg("--ggml-lib")
+            .arg(ggml_lib())
+            .args(recipe),
+    );
 }
 
 pub fn python() -> Command {
@@ -47,6 +69,21 @@ pub fn run_ok(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// `umount PATH`, retried briefly while the kernel still holds a handle that was just closed
+/// (FUSE releases are asynchronous: an unmount right after a read can see EBUSY).
+pub fn umount(path: &Path) {
+    for _ in 0..50 {
+        if Command::new("umount").arg(path).stderr(std::process::Stdio::null()).status().unwrap().success() {
+            return;
+        }
+        if mounts_line(path).is_none() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_ok(Command::new("umount").arg(path));
 }
 
 pub fn mounts_line(mountpoint: &Path) -> Option<String> {

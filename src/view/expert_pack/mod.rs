@@ -70,6 +70,8 @@ impl Default for Options {
     }
 }
 
+/// Largest `config_blob` (a model config file).
+pub const MAX_CONFIG_BLOB: u64 = 64 << 20;
 /// Largest `alignment`: every object is padded to it, so the pack grows by up to this much
 /// per object (all zeros, never held in memory).
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
@@ -194,8 +196,8 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
         let Some(ggml_type) = t.dtype.ggml() else {
             return Err(layout_err(format!("{}: the expert pack needs a GGUF source", t.name)));
         };
-        if t.shape.len() != 3 {
-            return Err(layout_err(format!("{}: expected a 3-dimensional expert tensor, shape is {:?}", t.name, t.shape)));
+        if t.shape.len() != 3 || t.shape.contains(&0) {
+            return Err(layout_err(format!("{}: expected a 3-dimensional expert tensor without zero dimensions, shape is {:?}", t.name, t.shape)));
         }
         let e = t.shape[2];
         match num_experts {
@@ -316,7 +318,7 @@ impl ExpertPack {
         let model_identity_raw = parse_hex32("model_identity_sha256", &model_identity)?;
         let blob_sha = match &opts.config_blob {
             Some(p) => {
-                let bytes = std::fs::read(p).map_err(|e| option_err("config_blob", format!("{}: {e}", p.display())))?;
+                let bytes = crate::fsutil::read_limited(p, MAX_CONFIG_BLOB).map_err(|e| option_err("config_blob", format!("{}: {e}", p.display())))?;
                 Some(digest::sha256_hex(&bytes))
             }
             None => None,
@@ -332,16 +334,22 @@ impl ExpertPack {
         let config_raw = parse_hex32("config_sha256", &config)?;
         let source_raw = parse_hex32("source_sha256", &digests.source_sha256)?;
         let top_k = match opts.top_k {
+            Some(k) if k == 0 || k > layout.num_experts => {
+                return Err(option_err("top_k", format!("{k} must be between 1 and the expert count {}", layout.num_experts)));
+            }
             Some(k) => k,
             None => match source.gguf().and_then(|m| m.arch_u64("expert_used_count")) {
-                Some(k) => k.min(u32::MAX as u64) as u32,
+                Some(k) if k == 0 || k > layout.num_experts as u64 => {
+                    return Err(layout_err(format!(
+                        "GGUF metadata expert_used_count is {k}, not between 1 and the expert count {}: give the real value with top_k=N",
+                        layout.num_experts
+                    )));
+                }
+                Some(k) => k as u32,
                 // The seed's default, where the source does not say and it fits.
                 None => 6.min(layout.num_experts),
             },
         };
-        if top_k == 0 || top_k > layout.num_experts {
-            return Err(option_err("top_k", format!("{top_k} must be between 1 and the expert count {}", layout.num_experts)));
-        }
         let header = PackHeader {
             version: VERSION,
             header_bytes: HEADER_BYTES as u32,

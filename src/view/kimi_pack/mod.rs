@@ -281,7 +281,7 @@ fn read_config(path: &Path) -> Result<Config, ViewError> {
     if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
         return Err(KimiError::Config { path: path.into(), rule: format!("must be a regular file of at most {MAX_CONFIG_BYTES} bytes") }.into());
     }
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bytes = crate::fsutil::read_limited(path, MAX_CONFIG_BYTES).map_err(|e| io_err(path, e))?;
     let value = serde_json::from_slice(&bytes).map_err(|e| KimiError::Config { path: path.into(), rule: format!("not JSON: {e}") })?;
     Ok(Config { path: resolve(path), value, sha256: digest::sha256_hex(&bytes), mtime_ns: mtime_ns(&meta) })
 }

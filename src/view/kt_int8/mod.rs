@@ -16,7 +16,7 @@
 pub mod tree;
 pub mod validate;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use safetensors::Dtype;
@@ -30,7 +30,7 @@ use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};
 use crate::digest::DigestStore;
 use crate::pyjson::{self, Style};
-use crate::source::{Source, SourceFile, TensorDtype};
+use crate::source::{Source, SourceFile, TensorDtype, TensorInfo};
 
 const VIEW: &str = "kt-int8";
 pub use validate::MANIFEST_NAME;
@@ -48,39 +48,26 @@ enum Matrix {
     Dense { f: Arc<SourceFile>, off: u64, dtype: Dtype },
 }
 
-/// Rows decoded (and quantised) per parallel piece.
-const PIECE_ROWS: usize = 16;
-
 impl Matrix {
-    /// The matrix as f32, decoded in pieces of rows in parallel (on the pool of the job
-    /// that calls it).
+    /// The matrix as f32, decoded on all cores (the parallel codec helpers, on the pool of
+    /// the job that calls it).
     fn decode(&self, n: usize, k: usize, name: &str) -> Result<Vec<f32>, ViewError> {
         use rayon::prelude::*;
         let content = |rule: String| ViewError::Content { tensor: name.to_string(), rule };
         let codec_err = |e| ViewError::Codec { tensor: name.to_string(), source: e };
         let mut out = vec![0f32; n * k];
-        let rows_out = PIECE_ROWS * k;
         match self {
             Matrix::Mxfp4 { w, w_off, s, s_off } => {
                 let mut packed = vec![0u8; n * k / 2];
                 w.read_exact_at(&mut packed, *w_off)?;
                 let mut scales = vec![0u8; n * k / 32];
                 s.read_exact_at(&mut scales, *s_off)?;
-                packed
-                    .par_chunks(rows_out / 2)
-                    .zip(scales.par_chunks(rows_out / 32))
-                    .zip(out.par_chunks_mut(rows_out))
-                    .try_for_each(|((p, s), o)| codec::mxfp4::dequantize_deepseek(p, s, k, o))
-                    .map_err(codec_err)?;
+                codec::mxfp4::dequantize_deepseek_par(&packed, &scales, k, &mut out).map_err(codec_err)?;
             }
             Matrix::Ggml { f, off, nbytes, ty } => {
                 let mut b = vec![0u8; *nbytes as usize];
                 f.read_exact_at(&mut b, *off)?;
-                let row_bytes = b.len() / n.max(1);
-                b.par_chunks((PIECE_ROWS * row_bytes).max(1))
-                    .zip(out.par_chunks_mut(rows_out))
-                    .try_for_each(|(b, o)| codec::dequantize(*ty, b, o))
-                    .map_err(codec_err)?;
+                codec::dequantize_par(*ty, &b, &mut out).map_err(codec_err)?;
             }
             Matrix::Dense { f, off, dtype } => {
                 let size = match dtype {
@@ -89,11 +76,13 @@ impl Matrix {
                 };
                 let mut b = vec![0u8; n * k * size];
                 f.read_exact_at(&mut b, *off)?;
-                b.par_chunks(rows_out * size).zip(out.par_chunks_mut(rows_out)).for_each(|(b, o)| match dtype {
-                    Dtype::F32 => codec::float::f32_to_f32(b, o),
-                    Dtype::F16 => codec::float::f16_to_f32(b, o),
-                    _ => codec::float::bf16_to_f32(b, o),
-                });
+                let name = match dtype {
+                    Dtype::F32 => "F32",
+                    Dtype::F16 => "F16",
+                    _ => "BF16",
+                };
+                let ty = codec::GgmlType::from_name(name).ok_or_else(|| ViewError::Internal(format!("no ggml type {name}")))?;
+                codec::dequantize_par(ty, &b, &mut out).map_err(codec_err)?;
             }
         }
         if let Some(i) = out.par_iter().position_first(|v| !v.is_finite()) {
@@ -162,119 +151,138 @@ struct Found {
     experts: u64,
 }
 
-/// Which matrices a source holds, with every rule checked before anything is laid out:
-/// one family of names, decodable types, rank and shape of every tensor per role (gate and
-/// up inter x hidden, down hidden x inter, the same in every layer), every expert 0..E of
-/// every layer present exactly once, counts under the caps.
-fn find_experts(source: &Source) -> Result<Experts, ViewError> {
-    let by_name: std::collections::HashMap<&str, &crate::source::TensorInfo> = source.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let mut found: Vec<Found> = Vec::new();
-    let index = |name: &str, what: &str, v: &str, max: u64| -> Result<u64, ViewError> {
-        match v.parse::<u64>() {
-            Ok(x) if x <= max && (v == "0" || !v.starts_with('0')) => Ok(x),
-            _ => Err(err(format!("{name}: {what} index {v:?} is not a number from 0 to {max}"))),
-        }
+/// An expert or layer index as written in a tensor name: decimal, no leading zeros, at most
+/// `max`.
+fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u64, ViewError> {
+    match v.parse::<u64>() {
+        Ok(x) if x <= max && (v == "0" || !v.starts_with('0')) => Ok(x),
+        _ => Err(err(format!("{name}: {what} index {v:?} is not a number from 0 to {max}"))),
+    }
+}
+
+/// The shape of `t` if it has rank `n` and no zero dimension.
+fn dims(t: &TensorInfo, n: usize) -> Result<&[u64], ViewError> {
+    if t.shape.len() != n || t.shape.contains(&0) {
+        return Err(err(format!("{}: expected {n} non-zero dimensions, shape is {:?}", t.name, t.shape)));
+    }
+    Ok(&t.shape)
+}
+
+/// A GGUF `blk.L.ffn_{gate,up,down}_exps.weight` (ne = [cols, rows, experts]).
+fn gguf_experts(source: &Source, t: &TensorInfo, layer: u32, role: usize) -> Result<Found, ViewError> {
+    let ty = t.dtype.ggml().ok_or_else(|| err(format!("{}: not a ggml tensor", t.name)))?;
+    if !GGUF_TYPES.contains(&ty.name) {
+        return Err(err(format!("{}: {} experts cannot be decoded by this view (it decodes {})", t.name, ty.name, GGUF_TYPES.join(", "))));
+    }
+    let d = dims(t, 3)?;
+    let (cols, rows, e) = (d[0], d[1], d[2]);
+    if u64::from(layer) > MAX_LAYER_INDEX || e > MAX_EXPERTS {
+        return Err(err(format!("{}: layer {layer} / {e} experts exceed the caps ({MAX_LAYER_INDEX}, {MAX_EXPERTS})", t.name)));
+    }
+    let slice = t.nbytes / e;
+    if t.nbytes % e != 0 || rows.checked_mul(cols).and_then(|x| ty.row_bytes(x)) != Some(slice) {
+        return Err(err(format!("{}: {} bytes are not {e} experts of {rows}x{cols} {}", t.name, t.nbytes, ty.name)));
+    }
+    let (f, off) = (source.files[t.file].clone(), t.offset);
+    Ok(Found {
+        name: t.name.clone(),
+        layer: layer.into(),
+        expert: None,
+        role,
+        rows,
+        cols,
+        family: "GGUF blk.L.ffn_{gate,up,down}_exps",
+        make: Box::new(move |x| Matrix::Ggml { f: f.clone(), off: off + x * slice, nbytes: slice, ty }),
+        experts: e,
+    })
+}
+
+/// A DeepSeek `layers.L.ffn.experts.E.w{1,3,2}.weight`: [rows, cols/2] I8/U8 nibbles with a
+/// [rows, cols/32] F8_E8M0 scale.
+fn deepseek_expert(source: &Source, by_name: &HashMap<&str, &TensorInfo>, t: &TensorInfo, layer: u64, expert: &str, role: usize) -> Result<Found, ViewError> {
+    let layer = name_index(&t.name, "layer", &layer.to_string(), MAX_LAYER_INDEX)?;
+    let e = name_index(&t.name, "expert", expert, MAX_EXPERTS - 1)?;
+    if !matches!(t.dtype, TensorDtype::Safetensors(Dtype::I8 | Dtype::U8)) {
+        return Err(err(format!("{}: DeepSeek experts must be packed MXFP4 (I8/U8 nibbles), got {}", t.name, t.dtype.name())));
+    }
+    let d = dims(t, 2)?;
+    let (rows, cols) = (d[0], d[1] * 2);
+    let scale_name = format!("{}.scale", t.name.strip_suffix(".weight").unwrap_or(&t.name));
+    let s = by_name.get(scale_name.as_str()).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor {scale_name}", t.name)))?;
+    if s.shape != [rows, cols / 32] || cols % 32 != 0 || !matches!(s.dtype, TensorDtype::Safetensors(Dtype::F8_E8M0)) {
+        return Err(err(format!(
+            "{}: packing mismatch with its scale {scale_name} ({:?} {}; MXFP4 needs [N, K/2] weights with [N, K/32] F8_E8M0 scales)",
+            t.name,
+            s.shape,
+            s.dtype.name()
+        )));
+    }
+    let (w, w_off, sf, s_off) = (source.files[t.file].clone(), t.offset, source.files[s.file].clone(), s.offset);
+    Ok(Found {
+        name: t.name.clone(),
+        layer,
+        expert: Some(e),
+        role,
+        rows,
+        cols,
+        family: "DeepSeek layers.L.ffn.experts.E.w{1,3,2}",
+        make: Box::new(move |_| Matrix::Mxfp4 { w: w.clone(), w_off, s: sf.clone(), s_off }),
+        experts: 1,
+    })
+}
+
+/// A Hugging Face `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, [rows, cols].
+fn hf_expert(source: &Source, t: &TensorInfo, layer: u64, expert: &str, role: usize) -> Result<Found, ViewError> {
+    let layer = name_index(&t.name, "layer", &layer.to_string(), MAX_LAYER_INDEX)?;
+    let e = name_index(&t.name, "expert", expert, MAX_EXPERTS - 1)?;
+    let dtype = match t.dtype {
+        TensorDtype::Safetensors(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
+        other => return Err(err(format!("{}: dense experts must be BF16, F16 or F32, got {}", t.name, other.name()))),
     };
+    let d = dims(t, 2)?;
+    let (f, off) = (source.files[t.file].clone(), t.offset);
+    Ok(Found {
+        name: t.name.clone(),
+        layer,
+        expert: Some(e),
+        role,
+        rows: d[0],
+        cols: d[1],
+        family: "Hugging Face model.layers.L.mlp.experts.E.{gate,up,down}_proj",
+        make: Box::new(move |_| Matrix::Dense { f: f.clone(), off, dtype }),
+        experts: 1,
+    })
+}
+
+/// Every expert tensor of the source, each checked on its own (name, type, rank, bytes).
+fn found_in(source: &Source) -> Result<Vec<Found>, ViewError> {
+    let by_name: HashMap<&str, &TensorInfo> = source.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut found = Vec::new();
     for t in &source.tensors {
-        let dims = |n: usize| -> Result<&[u64], ViewError> {
-            if t.shape.len() != n || t.shape.contains(&0) {
-                return Err(err(format!("{}: expected {n} non-zero dimensions, shape is {:?}", t.name, t.shape)));
-            }
-            Ok(&t.shape)
-        };
         if let Some((layer, role)) = super::expert_pack::parse_expert_name(&t.name) {
-            // GGUF: ne = [cols, rows, experts].
-            let ty = t.dtype.ggml().ok_or_else(|| err(format!("{}: not a ggml tensor", t.name)))?;
-            if !GGUF_TYPES.contains(&ty.name) {
-                return Err(err(format!("{}: {} experts cannot be decoded by this view (it decodes {})", t.name, ty.name, GGUF_TYPES.join(", "))));
-            }
-            let d = dims(3)?;
-            let (cols, rows, e) = (d[0], d[1], d[2]);
-            if u64::from(layer) > MAX_LAYER_INDEX || e > MAX_EXPERTS {
-                return Err(err(format!("{}: layer {layer} / {e} experts exceed the caps ({MAX_LAYER_INDEX}, {MAX_EXPERTS})", t.name)));
-            }
-            let slice = t.nbytes / e;
-            if t.nbytes % e != 0 || rows.checked_mul(cols).and_then(|x| ty.row_bytes(x)) != Some(slice) {
-                return Err(err(format!("{}: {} bytes are not {e} experts of {rows}x{cols} {}", t.name, t.nbytes, ty.name)));
-            }
-            let (f, off) = (source.files[t.file].clone(), t.offset);
-            found.push(Found {
-                name: t.name.clone(),
-                layer: layer.into(),
-                expert: None,
-                role,
-                rows,
-                cols,
-                family: "GGUF blk.L.ffn_{gate,up,down}_exps",
-                make: Box::new(move |x| Matrix::Ggml { f: f.clone(), off: off + x * slice, nbytes: slice, ty }),
-                experts: e,
-            });
+            found.push(gguf_experts(source, t, layer, role)?);
         } else if let Some((layer, expert, role)) = expert_name(&t.name, "layers.", ".ffn.experts.", ["w1.weight", "w3.weight", "w2.weight"]) {
-            // DeepSeek MXFP4: weight [rows, cols/2] of I8/U8 nibbles, scale [rows, cols/32] E8M0.
-            let layer = index(&t.name, "layer", &layer.to_string(), MAX_LAYER_INDEX)?;
-            let e = index(&t.name, "expert", expert, MAX_EXPERTS - 1)?;
-            if !matches!(t.dtype, TensorDtype::Safetensors(Dtype::I8 | Dtype::U8)) {
-                return Err(err(format!("{}: DeepSeek experts must be packed MXFP4 (I8/U8 nibbles), got {}", t.name, t.dtype.name())));
-            }
-            let d = dims(2)?;
-            let (rows, cols) = (d[0], d[1] * 2);
-            let scale_name = format!("{}.scale", t.name.strip_suffix(".weight").unwrap_or(&t.name));
-            let s = by_name.get(scale_name.as_str()).ok_or_else(|| err(format!("{}: no matching MXFP4 scale tensor {scale_name}", t.name)))?;
-            if s.shape != [rows, cols / 32] || cols % 32 != 0 || !matches!(s.dtype, TensorDtype::Safetensors(Dtype::F8_E8M0)) {
-                return Err(err(format!(
-                    "{}: packing mismatch with its scale {scale_name} ({:?} {}; MXFP4 needs [N, K/2] weights with [N, K/32] F8_E8M0 scales)",
-                    t.name,
-                    s.shape,
-                    s.dtype.name()
-                )));
-            }
-            let (w, w_off, sf, s_off) = (source.files[t.file].clone(), t.offset, source.files[s.file].clone(), s.offset);
-            found.push(Found {
-                name: t.name.clone(),
-                layer,
-                expert: Some(e),
-                role,
-                rows,
-                cols,
-                family: "DeepSeek layers.L.ffn.experts.E.w{1,3,2}",
-                make: Box::new(move |_| Matrix::Mxfp4 { w: w.clone(), w_off, s: sf.clone(), s_off }),
-                experts: 1,
-            });
+            found.push(deepseek_expert(source, &by_name, t, layer, expert, role)?);
         } else if let Some((layer, expert, role)) =
             expert_name(&t.name, "model.layers.", ".mlp.experts.", ["gate_proj.weight", "up_proj.weight", "down_proj.weight"])
         {
-            // Hugging Face dense experts: [rows, cols] row-major.
-            let layer = index(&t.name, "layer", &layer.to_string(), MAX_LAYER_INDEX)?;
-            let e = index(&t.name, "expert", expert, MAX_EXPERTS - 1)?;
-            let dtype = match t.dtype {
-                TensorDtype::Safetensors(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
-                other => return Err(err(format!("{}: dense experts must be BF16, F16 or F32, got {}", t.name, other.name()))),
-            };
-            let d = dims(2)?;
-            let (f, off) = (source.files[t.file].clone(), t.offset);
-            found.push(Found {
-                name: t.name.clone(),
-                layer,
-                expert: Some(e),
-                role,
-                rows: d[0],
-                cols: d[1],
-                family: "Hugging Face model.layers.L.mlp.experts.E.{gate,up,down}_proj",
-                make: Box::new(move |_| Matrix::Dense { f: f.clone(), off, dtype }),
-                experts: 1,
-            });
+            found.push(hf_expert(source, t, layer, expert, role)?);
         }
     }
+    Ok(found)
+}
+
+/// (hidden, inter) from the first tensor; every other must agree: one layout family, gate
+/// and up inter x hidden, down hidden x inter, under the size cap.
+fn dimensions(found: &[Found]) -> Result<(u64, u64), ViewError> {
     let Some(first) = found.first() else {
         return Err(err("the source has no routed experts this view can decode (GGUF *_exps, DeepSeek MXFP4, or HF dense experts)"));
     };
     if let Some(other) = found.iter().find(|f| f.family != first.family) {
         return Err(err(format!("{} and {} are experts of two different layouts ({}; {})", first.name, other.name, first.family, other.family)));
     }
-    // Dimensions from the first tensor; every other must agree (gate/up inter x hidden, down
-    // hidden x inter).
     let (hidden, inter) = if first.role == 2 { (first.rows, first.cols) } else { (first.cols, first.rows) };
-    for f in &found {
+    for f in found {
         let want = if f.role == 2 { (hidden, inter) } else { (inter, hidden) };
         if (f.rows, f.cols) != want {
             return Err(err(format!(
@@ -286,41 +294,41 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
     if hidden.checked_mul(inter).is_none_or(|x| x > MAX_MATRIX_ELEMENTS) {
         return Err(err(format!("{}: {hidden}x{inter} expert matrices exceed the cap of {MAX_MATRIX_ELEMENTS} elements", first.name)));
     }
-    // Expert coverage: every layer holds experts 0..E, each projection exactly once.
+    Ok((hidden, inter))
+}
+
+/// The expert count, with every layer holding experts 0..E, each projection exactly once,
+/// and the tree under the file cap.
+fn coverage(found: &[Found]) -> Result<u64, ViewError> {
     let mut slots: BTreeMap<(u64, usize), BTreeMap<u64, &Found>> = BTreeMap::new();
     let mut experts = None;
-    for f in &found {
+    for f in found {
         let slot = slots.entry((f.layer, f.role)).or_default();
-        match f.expert {
-            None => {
-                if let Some(prev) = slot.insert(0, f) {
-                    return Err(err(format!("{} and {} are the same layer and projection", prev.name, f.name)));
-                }
-                match experts {
-                    Some(e) if e != f.experts => return Err(err(format!("{}: {} experts, other layers have {e}", f.name, f.experts))),
-                    _ => experts = Some(f.experts),
-                }
-            }
-            Some(e) => {
-                if let Some(prev) = slot.insert(e, f) {
-                    return Err(err(format!("{} and {} are the same expert", prev.name, f.name)));
-                }
+        let prev = slot.insert(f.expert.unwrap_or(0), f);
+        if let Some(prev) = prev {
+            let what = if f.expert.is_some() { "the same expert" } else { "the same layer and projection" };
+            return Err(err(format!("{} and {} are {what}", prev.name, f.name)));
+        }
+        if f.expert.is_none() {
+            match experts {
+                Some(e) if e != f.experts => return Err(err(format!("{}: {} experts, other layers have {e}", f.name, f.experts))),
+                _ => experts = Some(f.experts),
             }
         }
     }
-    let layers: BTreeSet<u64> = slots.keys().map(|k| k.0).collect();
-    let per_expert = first.expert.is_some();
+    let per_expert = found.first().is_some_and(|f| f.expert.is_some());
     let experts = match experts {
         Some(e) => e,
         None => slots.values().filter_map(|m| m.keys().next_back()).max().map_or(0, |e| e + 1),
     };
+    let layers: BTreeSet<u64> = slots.keys().map(|k| k.0).collect();
     for &l in &layers {
         for (r, p) in PROJS.iter().enumerate() {
-            let have = slots.get(&(l, r)).map(|m| m.len() as u64).unwrap_or(0);
-            let want = if per_expert { experts } else { 1 };
-            if have != want {
+            let slot = slots.get(&(l, r));
+            let have = slot.map_or(0, |m| m.len() as u64);
+            if have != if per_expert { experts } else { 1 } {
                 let missing: Vec<String> = if per_expert {
-                    (0..experts).filter(|e| !slots.get(&(l, r)).is_some_and(|m| m.contains_key(e))).take(8).map(|e| e.to_string()).collect()
+                    (0..experts).filter(|e| !slot.is_some_and(|m| m.contains_key(e))).take(8).map(|e| e.to_string()).collect()
                 } else {
                     vec!["all".into()]
                 };
@@ -332,6 +340,17 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
     if files > MAX_FILES {
         return Err(err(format!("{} layers x {experts} experts make {files} files per NUMA part, more than the cap of {MAX_FILES}", layers.len())));
     }
+    Ok(experts)
+}
+
+/// Which matrices a source holds, with every rule checked before anything is laid out:
+/// one family of names, decodable types, rank and shape of every tensor per role (gate and
+/// up inter x hidden, down hidden x inter, the same in every layer), every expert 0..E of
+/// every layer present exactly once, counts under the caps.
+fn find_experts(source: &Source) -> Result<Experts, ViewError> {
+    let found = found_in(source)?;
+    let (hidden, inter) = dimensions(&found)?;
+    let experts = coverage(&found)?;
     let mut mats = BTreeMap::new();
     for f in &found {
         match f.expert {
@@ -346,8 +365,9 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
         }
     }
     // The manifest's `decode` names the last expert tensor's decoding, in tensor order.
-    let last = found.last().and_then(|f| by_name.get(f.name.as_str())).map(|t| t.dtype);
-    let decode = match (first.expert.is_none(), first.family.starts_with("DeepSeek"), last) {
+    let first_gguf = found.first().is_some_and(|f| f.expert.is_none());
+    let deepseek = found.first().is_some_and(|f| f.family.starts_with("DeepSeek"));
+    let decode = match (first_gguf, deepseek, found.last().and_then(|f| source.tensor(&f.name)).map(|t| t.dtype)) {
         (true, _, Some(TensorDtype::Ggml(ty))) => format!("gguf {} -> f32 (ggml dequantize_row_*)", ty.name),
         (_, true, _) => "DeepSeek MXFP4 (E2M1 x E8M0) -> f32, exact".to_string(),
         (_, _, Some(TensorDtype::Safetensors(d))) => format!("{d:?} -> f32, exact"),
@@ -382,11 +402,11 @@ impl Int8Inner {
     }
 
     /// Every part: the matrix decoded once, then each NUMA part quantised to per-row INT8 and
-    /// packed (the codec calls of this view; rows in parallel).
+    /// packed (the codec calls of this view).
     fn compute_all(&self) -> Result<Vec<Arc<[u8]>>, ViewError> {
-        use rayon::prelude::*;
         let (rows, cols) = if self.proj == 2 { (self.hidden, self.inter) } else { (self.inter, self.hidden) };
         let w = self.matrix.decode(rows, cols, &self.name)?;
+        // One NUMA part after the other, each quantised and packed on all cores.
         let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
         let mut out = Vec::with_capacity(2 * self.numa);
         for part in 0..self.numa {
@@ -395,15 +415,7 @@ impl Int8Inner {
             } else {
                 (kt_int8::numa_split_rows(&w, rows, cols, part, self.numa), self.inter / self.numa, self.hidden)
             };
-            let sub = sub.map_err(codec_err)?;
-            let (mut q, mut d) = (vec![0i8; n * k], vec![0f32; n]);
-            sub.par_chunks(PIECE_ROWS * k)
-                .zip(q.par_chunks_mut(PIECE_ROWS * k))
-                .zip(d.par_chunks_mut(PIECE_ROWS))
-                .try_for_each(|((w, q), d)| kt_int8::quantize(w, d.len(), k, q, d))
-                .map_err(codec_err)?;
-            let mut packed = vec![0u8; n * k];
-            kt_int8::pack(&q, n, k, &mut packed).map_err(codec_err)?;
+            let (packed, d) = kt_int8::quantize_pack_par(&sub.map_err(codec_err)?, n, k).map_err(codec_err)?;
             out.push(Arc::from(packed));
             out.push(Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()));
         }

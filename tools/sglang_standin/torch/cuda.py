@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
-_free_bytes = 1 << 30
+# An 80 GiB GPU with everything free; readers that size their cache by it set their own
+# budget (`cache_vram_mib`) or call set_free_bytes.
+_free_bytes = 80 << 30
 _total_bytes = 80 << 30
 _local = threading.local()
 
