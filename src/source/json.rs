@@ -125,8 +125,9 @@ mod tests {
 
     #[test]
     fn values_are_counted_before_anything_is_built() {
-        assert!(check_values(br#"{"a": [1, 2, {"b": null}], "c": "x"}"#, 9).is_ok());
-        assert!(matches!(check_values(br#"{"a": [1, 2, {"b": null}], "c": "x"}"#, 8), Err(JsonError::TooManyValues { cap: 8 })));
+        // 10 values: the object, key a, the array, 1, 2, the inner object, key b, null, key c, "x".
+        assert!(check_values(br#"{"a": [1, 2, {"b": null}], "c": "x"}"#, 10).is_ok());
+        assert!(matches!(check_values(br#"{"a": [1, 2, {"b": null}], "c": "x"}"#, 9), Err(JsonError::TooManyValues { cap: 9 })));
         assert!(matches!(check_values(b"[1, 2", 100), Err(JsonError::Syntax(_))));
         assert!(matches!(check_values(b"[1] 2", 100), Err(JsonError::Syntax(_))));
         let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
