@@ -162,10 +162,27 @@ def main() -> int:
     parser("offset_overflow", gguf([("a.weight", [8], F32T)], offsets=[(1 << 64) - 32]), "tensor \"a.weight\": offset overflows")
     parser("overlapping", gguf([("a.weight", [64], F32T), ("b.weight", [64], F32T)], offsets=[0, 128]), "overlaps tensor \"a.weight\"")
     # Header sizes against the caps (memory for a refused input stays small).
-    big_array = s("tokenizer.ggml.scores") + struct.pack("<IIQ", ARR, U8, 64 << 20) + bytes(64 << 20)
-    parser("array_64m_elements", gguf(experts(), kvs=arch(big_array)), "header exceeds the 67108864 byte cap")
-    many = [s(f"a{i}") + struct.pack("<IIQ", ARR, I8, 1 << 20) + bytes(1 << 20) for i in range(40)]
-    c.path("kept_arrays_40m.gguf").write_bytes(gguf(experts(), kvs=arch(*many)))
+    # 64 M-element array: refused at the header cap (the zeros are a hole in a sparse file).
+    with open(c.path("array_64m_elements.gguf"), "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + kv("general.architecture", STR, "deepseek2")
+                + s("tokenizer.ggml.scores") + struct.pack("<IIQ", ARR, U8, 64 << 20))
+        f.truncate(f.tell() + (64 << 20))
+    c.add("array_64m_elements", "array_64m_elements.gguf", refused_everywhere("header exceeds the 67108864 byte cap"), names="array_64m_elements.gguf")
+    # 40 arrays of 1 M elements (a 40 MB header, the zeros written as holes): valid and within
+    # the caps; the values beyond the kept budget are parsed, not kept: bounded memory.
+    tensors = experts()
+    with open(c.path("kept_arrays_40m.gguf"), "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 41) + kv("general.architecture", STR, "deepseek2"))
+        for i in range(40):
+            f.write(s(f"a{i}") + struct.pack("<IIQ", ARR, I8, 1 << 20))
+            f.seek(1 << 20, os.SEEK_CUR)
+        off = 0
+        for name, ne, ty in tensors:
+            f.write(s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", ty, off))
+            off += (nbytes(ne, ty) + 31) // 32 * 32
+        f.write(b"\0" * ((-f.tell()) % 32))
+        for k, (name, ne, ty) in enumerate(tensors):
+            f.write(tensor_data(nbytes(ne, ty), ty, k).ljust((nbytes(ne, ty) + 31) // 32 * 32, b"\0"))
     c.add("kept_arrays_40m", "kept_arrays_40m.gguf", {"mount": "ok", "digest": "ok"}, views=EP,
           note="40 arrays of 1 M elements (40 MB of header): valid, within the caps; must mount in bounded memory")
     tens = b"".join(s(f"t{i}") + struct.pack("<IQIQ", 1, 0, F32T, 0) for i in range(300_000))

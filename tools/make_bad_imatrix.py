@@ -133,8 +133,8 @@ def main() -> int:
     case("legacy_huge_count", write("huge_count.dat", legacy(count=(1 << 31) - 1)), "entry count 2147483647 is not plausible")
     case("legacy_huge_name", write("huge_name.dat", legacy(name_len=(1 << 31) - 1)), "entry 0: bad name length 2147483647")
     case("legacy_huge_nval", write("huge_nval.dat", legacy(nval=(1 << 31) - 1)), f"entry {gate0}: 2147483647 values do not fit the file")
-    many = struct.pack("<i", 2_000_000) + b"".join(struct.pack("<i", 8) + b"x%07d" % i + struct.pack("<iif", 1, 1, 1.0) for i in range(2_000_000))
-    case("legacy_2m_entries", write("many.dat", many), "entry count 2000000 exceeds the cap of 65536")
+    many = struct.pack("<i", 100_000) + b"".join(struct.pack("<i", 8) + b"x%07d" % i + struct.pack("<iif", 1, 1, 1.0) for i in range(100_000))
+    case("legacy_100k_entries", write("many.dat", many), "entry count 100000 exceeds the cap of 65536")
     case("empty", write("empty.dat", b""), "truncated at offset 0")
     case("text", write("notes.dat", b"this is not an importance matrix\n"), "is not plausible")
     # No rule expected (only: no panic, hang or memory blow-up): a row of zeros.

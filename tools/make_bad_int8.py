@@ -122,9 +122,9 @@ def main() -> int:
             f.write(b'{"schema_version":2,"state":"ready","expert_weight_format":"int8","threadpool_count":1,"expert_num":333334,'
                     b'"hidden_size":128,"intermediate_size":64,"layout":"' + LAYOUT.encode() + b'","layers":[{"index":0,"numa_count":1,'
                     b'"state":"ready","bytes":1,"files":[')
-            f.write(b",".join([entry] * 2_000_000))
+            f.write(b",".join([entry] * 700_000))
             f.write(b']}],"bytes":1}')
-    manifest_case("manifest_2m_files", millions, "holds more than 4194304 JSON values (the cap)")
+    manifest_case("manifest_700k_files", millions, "holds more than 4194304 JSON values (the cap)")
 
     # -- declared numbers: caps and overflow --
     def meta(**kv):
