@@ -187,8 +187,9 @@ fn binary() -> PathBuf {
     std::env::var_os("XPACKFS_HOSTILE_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(bin()))
 }
 
-/// Spawn with a 4 GiB address-space limit; stdout/stderr to files in `dir`.
-fn spawn(cmd: &mut Command, dir: &Path) -> std::process::Child {
+/// Spawn with a 4 GiB address-space limit; stdout/stderr to files in `dir`. Returns the pid:
+/// the child is reaped with `wait4` (for its peak RSS), not through `std::process::Child`.
+fn spawn(cmd: &mut Command, dir: &Path) -> i32 {
     let out = std::fs::File::create(dir.join("stdout")).unwrap();
     let err = std::fs::File::create(dir.join("stderr")).unwrap();
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
@@ -200,7 +201,7 @@ fn spawn(cmd: &mut Command, dir: &Path) -> std::process::Child {
             Ok(())
         });
     }
-    cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    cmd.spawn().map(|c| c.id() as i32).unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
 }
 
 /// Non-blocking reap: Some((status, maxrss_kb)) once the child has ended.
@@ -220,8 +221,7 @@ fn kill(pid: i32) {
 }
 
 /// Wait for the child until `deadline`; kill it when the deadline passes.
-fn finish(child: &std::process::Child, deadline: Instant, out: &mut Outcome) {
-    let pid = child.id() as i32;
+fn finish(pid: i32, deadline: Instant, out: &mut Outcome) {
     loop {
         if let Some((status, rss)) = try_reap(pid) {
             out.rss_kb = out.rss_kb.max(rss);
@@ -347,8 +347,7 @@ fn run_mount(case: &Case, view: &str, work: &Path, timeout: Duration) -> Outcome
     cmd.args(&case.args);
     let start = Instant::now();
     let deadline = start + timeout;
-    let child = spawn(&mut cmd, work);
-    let pid = child.id() as i32;
+    let pid = spawn(&mut cmd, work);
     loop {
         if let Some((status, rss)) = try_reap(pid) {
             out.rss_kb = rss;
@@ -366,7 +365,7 @@ fn run_mount(case: &Case, view: &str, work: &Path, timeout: Duration) -> Outcome
         if Instant::now() > deadline {
             out.timed_out = true;
             kill(pid);
-            finish(&child, deadline, &mut out);
+            finish(pid, deadline, &mut out);
             break;
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -390,7 +389,7 @@ fn run_mount(case: &Case, view: &str, work: &Path, timeout: Duration) -> Outcome
         let _ = reader.join();
         let grace = Instant::now() + timeout;
         let was_timed_out = out.timed_out;
-        finish(&child, grace, &mut out);
+        finish(pid, grace, &mut out);
         if out.timed_out && !was_timed_out {
             out.note = "the daemon did not exit after unmount".into();
         }
@@ -452,8 +451,8 @@ fn run_command(case: &Case, entry: &str, work: &Path, timeout: Duration) -> Outc
             other => panic!("unknown entry point {other}"),
         },
     }
-    let child = spawn(&mut cmd, work);
-    finish(&child, Instant::now() + timeout, &mut out);
+    let pid = spawn(&mut cmd, work);
+    finish(pid, Instant::now() + timeout, &mut out);
     out.stderr = read_stderr(work);
     if entry.starts_with("materialize") && out.code != Some(0) {
         out.leftover = final_files(&out_dir);

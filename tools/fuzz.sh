@@ -17,6 +17,9 @@ mkdir -p "$corpus"/work; for t in "${targets[@]}"; do mkdir -p "$corpus/$t"; don
 seed() { find "$1" -maxdepth 1 -type f -size -1024k -name "$2" -exec cp {} "$corpus/$3/" \; ; }
 cp samples/sample-moe.gguf "$corpus/gguf/"
 python3 tools/make_bad_gguf.py "$corpus/work/bad" >/dev/null
+# Not seeded until their fix lands (issue 17, phase 2: tests/hostile.rs PHASE2): layer index
+# u32::MAX overflows the expert-pack planner's layer count.
+rm -f "$corpus"/work/bad/{layer_index_u32_max,int8_layer_u32_max}.gguf
 seed "$corpus/work/bad" '*.gguf' gguf
 python3 tools/make_v4_fixture.py "$corpus/work/v4" --layers 1 --experts 2
 cp "$corpus"/work/v4/*.safetensors "$corpus/safetensors/"
@@ -52,6 +55,12 @@ target/release/xpackfs materialize samples/sample-moe.gguf --out "$corpus/work/i
 cp "$corpus/work/int8/kt-weight-manifest.json" "$corpus/int8_manifest/"
 for target in "${targets[@]}"; do
   echo "== fuzz $target for ${seconds}s"
-  cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 2>&1 | tail -n 3
+  log="$corpus/work/fuzz-$target.log"
+  if ! cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
+    grep -E "panicked at|^(thread|attempt|called)|ERROR: libFuzzer|SUMMARY|Test unit written" "$log" | head -n 20
+    echo "fuzz $target failed (the input is under fuzz/artifacts/$target/)" >&2
+    exit 1
+  fi
+  grep -E "^#[0-9]+.*DONE|^Done [0-9]+ runs" "$log" | tail -n 2
 done
 echo "fuzzing: no crash in $(( ${#targets[@]} * seconds ))s over ${#targets[@]} targets"

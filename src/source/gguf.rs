@@ -169,15 +169,11 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
         headers.push(header);
         files.push(file);
     }
-    if paths.len() > 1 {
-        if let Some(total) = headers[0].metadata.get("split.tensors.count").and_then(MetaValue::as_u64) {
-            if total != tensors.len() as u64 {
-                return Err(SourceError::format(
-                    &paths[0],
-                    format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len()),
-                ));
-            }
-        }
+    if paths.len() > 1
+        && let Some(total) = headers[0].metadata.get("split.tensors.count").and_then(MetaValue::as_u64)
+        && total != tensors.len() as u64
+    {
+        return Err(SourceError::format(&paths[0], format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len())));
     }
     Ok(Source { files, kind: SourceKind::Gguf(GgufMeta { headers }), tensors })
 }
@@ -307,7 +303,7 @@ fn scalar_size(t: u32) -> Option<u64> {
     match t {
         0 | 1 | 7 => Some(1),
         2 | 3 => Some(2),
-        4 | 5 | 6 => Some(4),
+        4..=6 => Some(4),
         10..=12 => Some(8),
         _ => None,
     }

@@ -197,10 +197,10 @@ impl Imatrix {
         if k == 0 {
             return Err(format!("{name} has rows of 0 values"));
         }
-        if let Some(e) = self.entries.get(name) {
-            if e.ne0 * e.n_mat == k {
-                return Ok((name.to_string(), 0));
-            }
+        if let Some(e) = self.entries.get(name)
+            && e.ne0 * e.n_mat == k
+        {
+            return Ok((name.to_string(), 0));
         }
         let (entry, row) = Self::entry_for(name).ok_or_else(|| format!("no importance entry for {name}"))?;
         let e = self.entries.get(&entry).ok_or_else(|| format!("no importance entry {entry} for {name}"))?;
