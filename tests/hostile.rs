@@ -401,26 +401,12 @@ fn run_mount(case: &Case, view: &str, work: &Path, timeout: Duration) -> Outcome
     out
 }
 
+/// Files below `dir` that are not hidden and not in a hidden directory.
 fn final_files(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                continue;
-            }
-            let p = e.path();
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else {
-                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
-            }
-        }
+    if !dir.is_dir() {
+        return Vec::new();
     }
-    let mut v = Vec::new();
-    walk(dir, dir, &mut v);
-    v.sort();
-    v
+    tree_files(dir).into_iter().filter(|p| !p.split('/').any(|c| c.starts_with('.'))).collect()
 }
 
 fn run_command(case: &Case, entry: &str, work: &Path, timeout: Duration) -> Outcome {
