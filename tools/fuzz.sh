@@ -10,19 +10,57 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus"/{gguf,safetensors,int8_manifest,imatrix,work}
+targets=(gguf safetensors safetensors_dir int8_manifest imatrix json_caps)
+mkdir -p "$corpus"/work; for t in "${targets[@]}"; do mkdir -p "$corpus/$t"; done
+# Seeds: the fixtures and the hostile corpora (regular files under 1 MiB: libFuzzer's input
+# size follows its largest seed).
+seed() { find "$1" -maxdepth 1 -type f -size -1024k -name "$2" -exec cp {} "$corpus/$3/" \; ; }
 cp samples/sample-moe.gguf "$corpus/gguf/"
 python3 tools/make_bad_gguf.py "$corpus/work/bad" >/dev/null
-cp "$corpus"/work/bad/*.gguf "$corpus/gguf/"
+# Not seeded until their fix lands (issue 17, phase 2: tests/hostile.rs PHASE2): layer index
+# u32::MAX overflows the expert-pack planner's layer count.
+rm -f "$corpus"/work/bad/{layer_index_u32_max,int8_layer_u32_max}.gguf
+seed "$corpus/work/bad" '*.gguf' gguf
 python3 tools/make_v4_fixture.py "$corpus/work/v4" --layers 1 --experts 2
 cp "$corpus"/work/v4/*.safetensors "$corpus/safetensors/"
+python3 tools/make_bad_safetensors.py "$corpus/work/st" >/dev/null
+seed "$corpus/work/st/hdr" '*.safetensors' safetensors
 python3 tools/imatrix_tool.py make "$corpus/work/v4" "$corpus/imatrix/a.gguf" --legacy "$corpus/imatrix/a.dat"
+python3 tools/make_bad_imatrix.py "$corpus/work/im" >/dev/null
+seed "$corpus/work/im" '*.gguf' imatrix
+seed "$corpus/work/im" '*.dat' imatrix
+python3 tools/make_bad_int8.py "$corpus/work/int8bad" >/dev/null
+for m in "$corpus"/work/int8bad/*/kt-*-manifest.json; do
+  if [ -f "$m" ] && [ ! -L "$m" ] && [ "$(stat -c %s "$m")" -lt 1048576 ]; then
+    cp "$m" "$corpus/int8_manifest/$(basename "$(dirname "$m")").json"
+  fi
+done
+cp "$corpus"/work/v4/config.json "$corpus/json_caps/config.json"
+cp "$corpus"/work/v4/model.safetensors.index.json "$corpus/json_caps/index.json"
+cp "$corpus"/int8_manifest/*.json "$corpus/json_caps/"
+# A directory checkpoint as one input: index, marker, config, marker, shard.
+python3 - "$corpus/safetensors_dir/hf" <<'PY'
+import json, sys
+sys.path.insert(0, "tools")
+from corpus_util import st_bytes
+from make_bad_safetensors import hf_tensors
+ts = hf_tensors(L=1, E=2, H=64, I=64)
+index = json.dumps({"weight_map": {t[0]: "model-00001-of-00001.safetensors" for t in ts}}).encode()
+mark = b"\xff\xfe\xfd\xfc"
+open(sys.argv[1], "wb").write(index + mark + b'{"model_type": "toy_moe"}' + mark + st_bytes(ts, metadata={"format": "pt"}))
+PY
 target/release/xpackfs materialize samples/sample-moe.gguf --out "$corpus/work/int8" --margin-gib 0 \
   -o view=kt-int8,digest_store=none >/dev/null 2>&1 || cargo run --release --quiet -- materialize samples/sample-moe.gguf \
   --out "$corpus/work/int8" --margin-gib 0 -o view=kt-int8,digest_store=none >/dev/null 2>&1
 cp "$corpus/work/int8/kt-weight-manifest.json" "$corpus/int8_manifest/"
-for target in gguf safetensors int8_manifest imatrix; do
+for target in "${targets[@]}"; do
   echo "== fuzz $target for ${seconds}s"
-  cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 2>&1 | tail -n 3
+  log="$corpus/work/fuzz-$target.log"
+  if ! cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
+    grep -E "panicked at|^(thread|attempt|called)|ERROR: libFuzzer|SUMMARY|Test unit written" "$log" | head -n 20
+    echo "fuzz $target failed (the input is under fuzz/artifacts/$target/)" >&2
+    exit 1
+  fi
+  grep -E "^#[0-9]+.*DONE|^Done [0-9]+ runs" "$log" | tail -n 2
 done
-echo "fuzzing: no crash in $(( 4 * seconds ))s over 4 targets"
+echo "fuzzing: no crash in $(( ${#targets[@]} * seconds ))s over ${#targets[@]} targets"

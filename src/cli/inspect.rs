@@ -1,5 +1,7 @@
 //! `xpackfs inspect`: the seed's `inspect_pack` summary of any expert-pack file (a mount's,
-//! a materialized copy, or one written by SGLang's own builder).
+//! a materialized copy, or one written by SGLang's own builder). The pack must be a regular
+//! file (a FIFO or a device is refused before it is opened); every size the header declares
+//! is checked, without overflow, against the file before anything is read from it.
 
 use std::collections::BTreeMap;
 
@@ -10,8 +12,8 @@ use crate::view::expert_pack::format::{IndexEntry, PackHeader, ENTRY_BYTES, FORM
 /// The seed's `inspect_pack` summary of any pack file.
 pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let size = f.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
+    let (f, meta) = crate::source::open_regular(path).map_err(|e| e.to_string())?;
+    let size = meta.len();
     let mut hb = vec![0u8; HEADER_BYTES as usize];
     f.read_exact_at(&mut hb, 0).map_err(|e| format!("{}: cannot read the header: {e}", path.display()))?;
     let header = PackHeader::decode(&hb).ok_or_else(|| format!("{}: not an {FORMAT} file (bad magic)", path.display()))?;
@@ -21,13 +23,14 @@ pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
     let index_bytes = header
         .index_count
         .checked_mul(ENTRY_BYTES)
-        .filter(|n| HEADER_BYTES + n <= size && HEADER_BYTES + n <= header.data_start)
+        .filter(|n| HEADER_BYTES.checked_add(*n).is_some_and(|end| end <= size && end <= header.data_start))
         .ok_or_else(|| format!("{}: index of {} entries does not fit before data_start {} / file size {size}", path.display(), header.index_count, header.data_start))?;
     let mut role_counts = BTreeMap::new();
     let mut payload = 0u64;
     let mut first = Vec::new();
     let mut buf = vec![0u8; (ENTRY_BYTES * 4096) as usize];
     let mut off = 0u64;
+    let mut index = 0u64;
     while off < index_bytes {
         let n = (index_bytes - off).min(buf.len() as u64) as usize;
         f.read_exact_at(&mut buf[..n], HEADER_BYTES + off).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -35,10 +38,13 @@ pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
             let e = IndexEntry::decode(chunk);
             let role = ROLE_NAMES.get(e.role_id as usize).copied().unwrap_or("unknown");
             *role_counts.entry(role.to_string()).or_insert(0u64) += 1;
-            payload += e.pack_nbytes;
+            payload = payload.checked_add(e.pack_nbytes).ok_or_else(|| {
+                format!("{}: index entry {index}: pack_nbytes {} makes the payload total overflow", path.display(), e.pack_nbytes)
+            })?;
             if first.len() < limit {
-                first.push(serde_json::to_value(&e).unwrap());
+                first.push(serde_json::to_value(&e).map_err(|e| e.to_string())?);
             }
+            index += 1;
         }
         off += n as u64;
     }

@@ -6,9 +6,15 @@
 //! raise SIGBUS in the daemon) and re-checks the identity after the read, so bytes
 //! read from a file that changed underneath are never handed out (or through
 //! [`SourceFile::read_exact_at_direct`], the same with `O_DIRECT`: `direct.rs`).
+//!
+//! Every file xpackfs reads from outside (sources, shards, split parts, importance
+//! matrices, manifests, packs) is opened by [`open_regular`]: it must be a regular file
+//! after resolving symlinks, checked before the open (so a FIFO never blocks `open()`)
+//! and again on the descriptor (opened non-blocking, so a file swapped for a FIFO in
+//! between cannot block either).
 
-use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::fs::{File, FileType, Metadata};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -55,14 +61,64 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// What a file type is, for messages: "a FIFO", "a directory", ...
+pub fn kind_of(t: FileType) -> &'static str {
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else {
+        "a special file"
+    }
+}
+
+/// Check that `path` is a regular file after resolving symlinks, without opening it.
+pub fn check_regular(path: &Path) -> Result<Metadata, SourceError> {
+    let meta = std::fs::metadata(path).map_err(|e| SourceError::Io { path: path.to_path_buf(), source: e })?;
+    if !meta.is_file() {
+        return Err(SourceError::NotRegular { path: path.to_path_buf(), kind: kind_of(meta.file_type()) });
+    }
+    Ok(meta)
+}
+
+/// Open a file that must be regular (after resolving symlinks) for reading: refused
+/// before the open if it is not, opened non-blocking (a FIFO put in its place meanwhile
+/// cannot block the open), and checked again on the descriptor.
+pub fn open_regular(path: &Path) -> Result<(File, Metadata), SourceError> {
+    let io = |e| SourceError::Io { path: path.to_path_buf(), source: e };
+    check_regular(path)?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(SourceError::NotRegular { path: path.to_path_buf(), kind: kind_of(meta.file_type()) });
+    }
+    // Regular files ignore O_NONBLOCK; clear it anyway, so the descriptor is an ordinary one
+    // (it may be handed to the kernel as a FUSE passthrough backing file).
+    // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
+    let cleared = unsafe {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    Ok((file, meta))
+}
+
 impl SourceFile {
+    /// Open a source file: it must be a regular file (after resolving symlinks); anything
+    /// else is refused before it is opened for reading.
     pub fn open(path: &Path) -> Result<Self, SourceError> {
-        let io = |e| SourceError::Io { path: path.to_path_buf(), source: e };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            return Err(SourceError::format(path, "source must be a regular file"));
-        }
+        let (file, meta) = open_regular(path)?;
         Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta), path_checked_ms: AtomicU64::new(now_ms()), direct: Default::default() })
     }
 

@@ -2,9 +2,11 @@
 //!
 //! The header is read with `pread` into a buffer that grows as parsing needs it, capped
 //! at [`Limits::max_header_bytes`], so a hostile file cannot make the daemon allocate
-//! more than the caps allow: every count and length is checked against the bytes that
-//! remain in the file *before* anything is allocated for it. Tensor data is never read
-//! here.
+//! more than the caps allow: every count and length is checked against its cap and
+//! against the bytes that remain in the file *before* anything is allocated for it, and
+//! the caps are named in the refusals. Metadata arrays are parsed in full, but their
+//! values are kept only up to [`Limits::max_kept_elements`] in all. Tensor data is never
+//! read here.
 //!
 //! Validation follows ggml's loader (`gguf.cpp`) where it is stricter than gguf-py:
 //! version 2 or 3, tensor names shorter than 64 bytes and unique, 1..=4 dimensions,
@@ -26,7 +28,10 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_NAME_BYTES: u64 = 63;
 pub const MAX_DIMS: u32 = 4;
 
-/// Caps on what a header may make the reader allocate.
+/// Caps on what a header may make the reader allocate. With the defaults a refused (or
+/// accepted) header costs at most about 64 MiB of buffer, 50 MiB of kept metadata values
+/// and 20 MiB of tensor table. Real headers are far below: a DeepSeek GGUF holds about
+/// 1,100 tensors, 50 keys and a 6 MB tokenizer.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_header_bytes: u64,
@@ -35,17 +40,20 @@ pub struct Limits {
     pub max_string_bytes: u64,
     /// Arrays longer than this are parsed (and checked) but their values are not kept.
     pub max_kept_array_len: u64,
+    /// Array values kept over the whole header; arrays beyond are parsed but not kept.
+    pub max_kept_elements: u64,
     pub max_split_files: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_header_bytes: 512 << 20,
-            max_tensors: 1 << 20,
-            max_kv: 1 << 20,
-            max_string_bytes: 64 << 20,
+            max_header_bytes: 64 << 20,
+            max_tensors: 1 << 16,
+            max_kv: 1 << 16,
+            max_string_bytes: 32 << 20,
             max_kept_array_len: 1 << 20,
+            max_kept_elements: 1 << 20,
             max_split_files: 4096,
         }
     }
@@ -166,15 +174,11 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
         headers.push(header);
         files.push(file);
     }
-    if paths.len() > 1 {
-        if let Some(total) = headers[0].metadata.get("split.tensors.count").and_then(MetaValue::as_u64) {
-            if total != tensors.len() as u64 {
-                return Err(SourceError::format(
-                    &paths[0],
-                    format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len()),
-                ));
-            }
-        }
+    if paths.len() > 1
+        && let Some(total) = headers[0].metadata.get("split.tensors.count").and_then(MetaValue::as_u64)
+        && total != tensors.len() as u64
+    {
+        return Err(SourceError::format(&paths[0], format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len())));
     }
     Ok(Source { files, kind: SourceKind::Gguf(GgufMeta { headers }), tensors })
 }
@@ -184,17 +188,25 @@ fn split_set_paths(path: &Path, limits: &Limits) -> Result<Vec<PathBuf>, SourceE
     let Some(stem) = name.strip_suffix(".gguf") else {
         return Ok(vec![path.to_path_buf()]);
     };
-    let Some((prefix, _, count)) = split_parts(stem) else {
+    let Some((prefix, no, count)) = split_parts(stem) else {
         return Ok(vec![path.to_path_buf()]);
     };
     if count == 0 || count > limits.max_split_files {
         return Err(SourceError::format(path, format!("split count {count} is out of range 1..={}", limits.max_split_files)));
     }
+    if no == 0 || no > count {
+        return Err(SourceError::format(path, format!("split part number {no} is out of range 1..={count}: the set has no such part")));
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
     let paths: Vec<PathBuf> = (1..=count).map(|i| dir.join(format!("{prefix}-{i:05}-of-{count:05}.gguf"))).collect();
+    // Every part must be there and be a regular file before any is opened.
     for p in &paths {
-        if !p.is_file() {
-            return Err(SourceError::format(p, format!("part of a {count}-file split set is missing")));
+        match super::check_regular(p) {
+            Err(SourceError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(SourceError::format(p, format!("part of a {count}-file split set is missing")));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
     }
     Ok(paths)
@@ -242,11 +254,13 @@ struct Cursor<'a> {
     pos: u64,
     limit: u64,
     cap: u64,
+    /// Array values that may still be kept (of [`Limits::max_kept_elements`]).
+    keep_budget: u64,
 }
 
 impl<'a> Cursor<'a> {
-    fn new(file: &'a SourceFile, cap: u64) -> Self {
-        Cursor { file, buf: Vec::new(), pos: 0, limit: file.size().min(cap), cap }
+    fn new(file: &'a SourceFile, cap: u64, keep_budget: u64) -> Self {
+        Cursor { file, buf: Vec::new(), pos: 0, limit: file.size().min(cap), cap, keep_budget }
     }
 
     fn err(&self, rule: impl Into<String>) -> SourceError {
@@ -318,34 +332,34 @@ fn scalar_size(t: u32) -> Option<u64> {
     match t {
         0 | 1 | 7 => Some(1),
         2 | 3 => Some(2),
-        4 | 5 | 6 => Some(4),
+        4..=6 => Some(4),
         10..=12 => Some(8),
         _ => None,
     }
 }
 
-fn read_value(c: &mut Cursor, t: u32, key: &str, limits: &Limits, in_array: bool) -> Result<MetaValue, SourceError> {
-    let what = format!("metadata {key:?}");
+/// One metadata value; `what` names it in errors ("metadata \"key\"").
+fn read_value(c: &mut Cursor, t: u32, what: &str, limits: &Limits, in_array: bool) -> Result<MetaValue, SourceError> {
     Ok(match t {
-        0 => MetaValue::U8(c.u8(&what)?),
-        1 => MetaValue::I8(c.u8(&what)? as i8),
-        2 => MetaValue::U16(c.u16(&what)?),
-        3 => MetaValue::I16(c.u16(&what)? as i16),
-        4 => MetaValue::U32(c.u32(&what)?),
-        5 => MetaValue::I32(c.u32(&what)? as i32),
-        6 => MetaValue::F32(f32::from_bits(c.u32(&what)?)),
-        7 => match c.u8(&what)? {
+        0 => MetaValue::U8(c.u8(what)?),
+        1 => MetaValue::I8(c.u8(what)? as i8),
+        2 => MetaValue::U16(c.u16(what)?),
+        3 => MetaValue::I16(c.u16(what)? as i16),
+        4 => MetaValue::U32(c.u32(what)?),
+        5 => MetaValue::I32(c.u32(what)? as i32),
+        6 => MetaValue::F32(f32::from_bits(c.u32(what)?)),
+        7 => match c.u8(what)? {
             0 => MetaValue::Bool(false),
             1 => MetaValue::Bool(true),
             v => return Err(c.err(format!("{what}: bool value {v} is neither 0 nor 1"))),
         },
-        TYPE_STRING => MetaValue::Str(c.string(&what, limits.max_string_bytes)?),
+        TYPE_STRING => MetaValue::Str(c.string(what, limits.max_string_bytes)?),
         TYPE_ARRAY => {
             if in_array {
                 return Err(c.err(format!("{what}: nested arrays are not allowed")));
             }
-            let elem_type = c.u32(&what)?;
-            let len = c.u64(&what)?;
+            let elem_type = c.u32(what)?;
+            let len = c.u64(what)?;
             let min_elem = match elem_type {
                 TYPE_STRING => 8,
                 TYPE_ARRAY => return Err(c.err(format!("{what}: nested arrays are not allowed"))),
@@ -357,19 +371,29 @@ fn read_value(c: &mut Cursor, t: u32, key: &str, limits: &Limits, in_array: bool
                     c.remaining()
                 )));
             }
-            let keep = len <= limits.max_kept_array_len;
+            let keep = len <= limits.max_kept_array_len && len <= c.keep_budget;
+            if keep {
+                c.keep_budget -= len;
+            } else if elem_type != TYPE_STRING {
+                // Scalars that are not kept: checked in one pass over their bytes.
+                let bad_bool = c.take(len * min_elem, what)?.iter().copied().find(|&b| b > 1).filter(|_| elem_type == 7);
+                if let Some(v) = bad_bool {
+                    return Err(c.err(format!("{what}: bool value {v} is neither 0 nor 1")));
+                }
+                return Ok(MetaValue::Array { elem_type, len, values: None });
+            }
             let mut values = if keep { Some(Vec::with_capacity(len as usize)) } else { None };
             for _ in 0..len {
-                let v = read_value(c, elem_type, key, limits, true)?;
+                let v = read_value(c, elem_type, what, limits, true)?;
                 if let Some(vs) = values.as_mut() {
                     vs.push(v);
                 }
             }
             MetaValue::Array { elem_type, len, values }
         }
-        10 => MetaValue::U64(c.u64(&what)?),
-        11 => MetaValue::I64(c.u64(&what)? as i64),
-        12 => MetaValue::F64(f64::from_bits(c.u64(&what)?)),
+        10 => MetaValue::U64(c.u64(what)?),
+        11 => MetaValue::I64(c.u64(what)? as i64),
+        12 => MetaValue::F64(f64::from_bits(c.u64(what)?)),
         t => return Err(c.err(format!("{what}: unknown value type {t}"))),
     })
 }
@@ -382,7 +406,7 @@ pub fn parse_file(
     limits: &Limits,
 ) -> Result<(GgufFileHeader, Vec<TensorInfo>), SourceError> {
     let path = file.path();
-    let mut c = Cursor::new(file, limits.max_header_bytes);
+    let mut c = Cursor::new(file, limits.max_header_bytes, limits.max_kept_elements);
     let magic = c.take(4, "magic")?;
     if magic != GGUF_MAGIC {
         return Err(SourceError::format(path, format!("bad magic {:02x?}: not a GGUF file", magic)));
@@ -393,23 +417,29 @@ pub fn parse_file(
     }
     let tensor_count = c.u64("tensor count")?;
     let kv_count = c.u64("metadata count")?;
+    if tensor_count > limits.max_tensors {
+        return Err(SourceError::format(path, format!("tensor count {tensor_count} exceeds the cap of {}", limits.max_tensors)));
+    }
+    if kv_count > limits.max_kv {
+        return Err(SourceError::format(path, format!("metadata count {kv_count} exceeds the cap of {}", limits.max_kv)));
+    }
     // A tensor info takes at least 8 (name len) + 4 (n_dims) + 8 (ne) + 4 (type) + 8 (offset) bytes,
     // a key/value at least 8 + 4 + 1.
-    if tensor_count > limits.max_tensors || tensor_count.saturating_mul(32) > c.remaining() {
+    if tensor_count * 32 > c.remaining() {
         return Err(SourceError::format(
             path,
-            format!("tensor count {tensor_count} cannot fit in the file (cap {})", limits.max_tensors),
+            format!("tensor count {tensor_count} cannot fit in the {} bytes that remain", c.remaining()),
         ));
     }
-    if kv_count > limits.max_kv || kv_count.saturating_mul(13) > c.remaining() {
-        return Err(SourceError::format(path, format!("metadata count {kv_count} cannot fit in the file (cap {})", limits.max_kv)));
+    if kv_count * 13 > c.remaining() {
+        return Err(SourceError::format(path, format!("metadata count {kv_count} cannot fit in the {} bytes that remain", c.remaining())));
     }
 
     let mut metadata = BTreeMap::new();
     for i in 0..kv_count {
         let key = c.string(&format!("metadata key #{i}"), 65535)?;
         let t = c.u32(&format!("type of metadata {key:?}"))?;
-        let value = read_value(&mut c, t, &key, limits, false)?;
+        let value = read_value(&mut c, t, &format!("metadata {key:?}"), limits, false)?;
         if metadata.insert(key.clone(), value).is_some() {
             return Err(SourceError::format(path, format!("duplicate metadata key {key:?}")));
         }
@@ -631,6 +661,58 @@ mod tests {
         let mut bare = header(MetaValue::I32(7), "kimi-k3");
         bare.metadata.remove("general.architecture");
         check_same_set(b, a, &first, &bare).unwrap();
+    }
+
+    #[test]
+    fn counts_are_capped_before_anything_is_allocated() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = sample_bytes();
+        b[8..16].copy_from_slice(&(1u64 << 17).to_le_bytes());
+        let e = open_bytes(dir.path(), "t.gguf", &b).unwrap_err().to_string();
+        assert!(e.contains("tensor count 131072 exceeds the cap of 65536"), "{e}");
+        let mut b = sample_bytes();
+        b[16..24].copy_from_slice(&(1u64 << 17).to_le_bytes());
+        let e = open_bytes(dir.path(), "k.gguf", &b).unwrap_err().to_string();
+        assert!(e.contains("metadata count 131072 exceeds the cap of 65536"), "{e}");
+    }
+
+    #[test]
+    fn kept_array_values_have_a_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.gguf");
+        std::fs::write(&p, sample_bytes()).unwrap();
+        // The sample's arrays hold 64, 2 and 4 values: with room for 65, the first is kept
+        // and the others are parsed and checked but not kept.
+        let limits = Limits { max_kept_elements: 65, ..Limits::default() };
+        let s = open_with_limits(&p, &limits).unwrap();
+        let arrays: Vec<(u64, bool)> = s.gguf().unwrap().metadata().values()
+            .filter_map(|v| match v { MetaValue::Array { len, values, .. } => Some((*len, values.is_some())), _ => None })
+            .collect();
+        assert!(arrays.len() >= 2, "{arrays:?}");
+        let kept: u64 = arrays.iter().filter(|a| a.1).map(|a| a.0).sum();
+        assert!(kept <= 65 && arrays.iter().any(|a| a.1) && arrays.iter().any(|a| !a.1), "{arrays:?}");
+    }
+
+    #[test]
+    fn split_part_numbers_must_exist_and_parts_must_be_regular() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 1..=2 {
+            std::fs::write(dir.path().join(format!("m-{i:05}-of-00002.gguf")), sample_bytes()).unwrap();
+        }
+        for bad in ["m-00000-of-00002.gguf", "m-00003-of-00002.gguf"] {
+            std::fs::write(dir.path().join(bad), sample_bytes()).unwrap();
+            let e = open(&dir.path().join(bad)).unwrap_err().to_string();
+            let no = &bad[2..7].trim_start_matches('0');
+            let no = if no.is_empty() { "0" } else { no };
+            assert!(e.contains(&format!("split part number {no} is out of range 1..=2")), "{e}");
+        }
+        let part2 = dir.path().join("m-00002-of-00002.gguf");
+        std::fs::remove_file(&part2).unwrap();
+        let c = std::ffi::CString::new(part2.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let e = open(&dir.path().join("m-00001-of-00002.gguf")).unwrap_err().to_string();
+        assert!(e.contains("m-00002-of-00002.gguf: is a FIFO, not a regular file"), "{e}");
     }
 
     #[test]

@@ -10,13 +10,14 @@
 pub mod direct;
 pub mod file;
 pub mod gguf;
+pub mod json;
 pub mod safetensors;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use direct::SourceIo;
-pub use file::{FileIdentity, SourceFile};
+pub use file::{check_regular, open_regular, FileIdentity, SourceFile};
 
 use crate::codec::GgmlType;
 
@@ -30,6 +31,9 @@ pub enum SourceError {
     Tensor { path: PathBuf, tensor: String, rule: String },
     #[error("{}: source changed while in use: {what}", path.display())]
     Changed { path: PathBuf, what: String },
+    /// Sources, shards, split parts and every other input file must be regular files.
+    #[error("{}: is {kind}, not a regular file", path.display())]
+    NotRegular { path: PathBuf, kind: &'static str },
 }
 
 impl SourceError {

@@ -10,17 +10,46 @@
 //! A DeepSeek expert weight `layers.L.ffn.experts.E.{w1,w3,w2}.weight` takes row E of
 //! llama.cpp's `blk.L.ffn_{gate,up,down}_exps.weight`, or the single row of an entry named
 //! exactly like the tensor.
+//!
+//! The file must be a regular file (a FIFO or a device is refused before it is opened); it
+//! is hashed in a streaming pass; declared counts are capped before anything is allocated
+//! from them; counts and importances must be finite numbers in 0..=1e30.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
+
 use super::ViewError;
-use crate::source::{Source, SourceFile};
+use crate::source::{SourceError, SourceFile};
+
+/// Caps on what an importance matrix may declare: rows per entry (experts), values per row,
+/// legacy entries and name lengths. A full V4.1 imatrix has ~500 entries of 256 rows.
+pub const MAX_ROWS: u64 = 1 << 16;
+pub const MAX_ROW_LEN: u64 = 1 << 24;
+pub const MAX_ENTRIES: u64 = 1 << 16;
+pub const MAX_NAME_BYTES: u64 = 1 << 12;
 
 fn err(path: &Path, rule: impl Into<String>) -> ViewError {
     ViewError::Option { option: "imatrix", rule: format!("{}: {}", path.display(), rule.into()) }
 }
+
+/// A source error (it names the file already) as an `imatrix` option error.
+fn src_err(e: SourceError) -> ViewError {
+    ViewError::Option { option: "imatrix", rule: e.to_string() }
+}
+
+/// The largest importance (or count) accepted: the quantisers multiply importances by
+/// squared weights and sum them in f32, which larger values would overflow.
+pub const MAX_IMPORTANCE: f32 = 1e30;
+
+/// What every importance (and count) must be: finite, in 0..=[`MAX_IMPORTANCE`].
+fn valid_number(v: f32) -> bool {
+    v.is_finite() && (0.0..=MAX_IMPORTANCE).contains(&v)
+}
+
+const NUMBER_RULE: &str = "is not a finite number in 0..=1e30";
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -42,51 +71,65 @@ pub struct Imatrix {
 }
 
 impl Imatrix {
+    /// Open an importance matrix. It must be a regular file (refused before it is opened
+    /// otherwise); it is hashed in a streaming pass, and every count it declares is checked
+    /// against the caps before anything is allocated from it.
     pub fn open(path: &Path) -> Result<Imatrix, ViewError> {
-        let bytes_sha = {
-            let b = std::fs::read(path).map_err(|e| err(path, e.to_string()))?;
-            crate::digest::sha256_hex(&b)
+        let file = Arc::new(SourceFile::open(path).map_err(src_err)?);
+        let sha256 = {
+            let mut h = Sha256::new();
+            let mut buf = vec![0u8; (8 << 20).min(file.size()) as usize];
+            let mut off = 0u64;
+            while off < file.size() {
+                let n = (file.size() - off).min(buf.len() as u64) as usize;
+                file.read_exact_at(&mut buf[..n], off).map_err(src_err)?;
+                h.update(&buf[..n]);
+                off += n as u64;
+            }
+            crate::digest::hex(&h.finalize())
         };
-        let head = {
-            let mut f = std::fs::File::open(path).map_err(|e| err(path, e.to_string()))?;
-            let mut m = [0u8; 4];
-            use std::io::Read;
-            let _ = f.read(&mut m);
-            m
-        };
-        let file = Arc::new(SourceFile::open(path)?);
-        let (format, entries) = if &head == b"GGUF" { ("gguf", Self::gguf_entries(path, &file)?) } else { ("legacy-dat", Self::legacy_entries(path, &file)?) };
+        let mut head = [0u8; 4];
+        let gguf = file.size() >= 4 && file.read_exact_at(&mut head, 0).is_ok() && &head == b"GGUF";
+        let (format, entries) = if gguf { ("gguf", Self::gguf_entries(path, &file)?) } else { ("legacy-dat", Self::legacy_entries(path, &file)?) };
         if entries.is_empty() {
             return Err(err(path, "no importance entries"));
         }
-        Ok(Imatrix { path: path.to_path_buf(), sha256: bytes_sha, format, file, entries })
+        Ok(Imatrix { path: path.to_path_buf(), sha256, format, file, entries })
     }
 
     fn gguf_entries(path: &Path, file: &Arc<SourceFile>) -> Result<HashMap<String, Entry>, ViewError> {
-        let src: Source = crate::source::gguf::open(path)?;
-        let by_name: HashMap<&str, &crate::source::TensorInfo> = src.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let (_, tensors) = crate::source::gguf::parse_file(file, 0, 0, &Default::default())?;
+        let by_name: HashMap<&str, &crate::source::TensorInfo> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut out = HashMap::new();
-        for t in &src.tensors {
+        for t in &tensors {
             let Some(name) = t.name.strip_suffix(".in_sum2") else { continue };
             let counts = by_name.get(format!("{name}.counts").as_str()).ok_or_else(|| err(path, format!("{name}: in_sum2 without counts")))?;
             if t.dtype.ggml().map(|g| g.name) != Some("F32") || counts.dtype.ggml().map(|g| g.name) != Some("F32") {
                 return Err(err(path, format!("{name}: sums and counts must be F32")));
             }
-            let ne0 = t.shape[0] as usize;
-            let n_mat = (t.nbytes / 4) as usize / ne0.max(1);
-            if counts.nbytes / 4 != n_mat as u64 {
+            let ne0 = t.shape[0];
+            if ne0 == 0 || ne0 > MAX_ROW_LEN {
+                return Err(err(path, format!("{name}: rows of {ne0} values, outside 1..={MAX_ROW_LEN}")));
+            }
+            let n_mat = t.nbytes / 4 / ne0;
+            if n_mat > MAX_ROWS {
+                return Err(err(path, format!("{name}: {n_mat} rows, over the cap of {MAX_ROWS}")));
+            }
+            if counts.nbytes / 4 != n_mat {
                 return Err(err(path, format!("{name}: {} counts for {n_mat} rows", counts.nbytes / 4)));
             }
             let mut c = vec![0u8; counts.nbytes as usize];
             file.read_exact_at(&mut c, counts.offset)?;
-            let divisors = c
-                .chunks_exact(4)
-                .map(|b| {
-                    let v = f32::from_le_bytes(b.try_into().unwrap()).round();
-                    (v > 0.0).then_some(v)
-                })
-                .collect();
-            out.insert(name.to_string(), Entry { sums_offset: t.offset, ne0, n_mat, divisors });
+            let mut divisors = Vec::with_capacity(n_mat as usize);
+            for (j, b) in c.chunks_exact(4).enumerate() {
+                let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                if !valid_number(v) {
+                    return Err(err(path, format!("{name}: count {v:?} of row {j} {NUMBER_RULE}")));
+                }
+                let v = v.round();
+                divisors.push((v > 0.0).then_some(v));
+            }
+            out.insert(name.to_string(), Entry { sums_offset: t.offset, ne0: ne0 as usize, n_mat: n_mat as usize, divisors });
         }
         Ok(out)
     }
@@ -102,11 +145,14 @@ impl Imatrix {
         if n < 1 || n as u64 > size / 12 {
             return Err(err(path, format!("entry count {n} is not plausible for a {size} byte file")));
         }
+        if n as u64 > MAX_ENTRIES {
+            return Err(err(path, format!("entry count {n} exceeds the cap of {MAX_ENTRIES}")));
+        }
         let mut off = 4u64;
         let mut out = HashMap::new();
         for i in 0..n {
             let len = read_i32(off)?;
-            if len < 0 || off + 4 + len as u64 > size {
+            if len < 0 || len as u64 > MAX_NAME_BYTES || off + 4 + len as u64 > size {
                 return Err(err(path, format!("entry {i}: bad name length {len}")));
             }
             let mut name = vec![0u8; len as usize];
@@ -115,11 +161,17 @@ impl Imatrix {
             off += 4 + len as u64;
             let ncall = read_i32(off)?;
             let nval = read_i32(off + 4)?;
+            if ncall < 0 {
+                return Err(err(path, format!("entry {name}: ncall {ncall} is negative")));
+            }
             if nval < 1 || off + 8 + 4 * nval as u64 > size {
                 return Err(err(path, format!("entry {name}: {nval} values do not fit the file")));
             }
             let divisor = (ncall > 0).then_some(ncall as f32);
-            out.insert(name, Entry { sums_offset: off + 8, ne0: nval as usize, n_mat: 1, divisors: vec![divisor] });
+            let entry = Entry { sums_offset: off + 8, ne0: nval as usize, n_mat: 1, divisors: vec![divisor] };
+            if out.insert(name.clone(), entry).is_some() {
+                return Err(err(path, format!("entry {name} appears twice")));
+            }
             off += 8 + 4 * nval as u64;
         }
         // Legacy MoE entries hold n_expert rows back to back: the caller's row length splits them.
@@ -142,10 +194,13 @@ impl Imatrix {
 
     /// Describe where a tensor's importance row comes from, or why there is none.
     pub fn locate(&self, name: &str, k: usize) -> Result<(String, usize), String> {
-        if let Some(e) = self.entries.get(name) {
-            if e.ne0 * e.n_mat == k {
-                return Ok((name.to_string(), 0));
-            }
+        if k == 0 {
+            return Err(format!("{name} has rows of 0 values"));
+        }
+        if let Some(e) = self.entries.get(name)
+            && e.ne0 * e.n_mat == k
+        {
+            return Ok((name.to_string(), 0));
         }
         let (entry, row) = Self::entry_for(name).ok_or_else(|| format!("no importance entry for {name}"))?;
         let e = self.entries.get(&entry).ok_or_else(|| format!("no importance entry {entry} for {name}"))?;
@@ -159,23 +214,31 @@ impl Imatrix {
         Ok((entry, row))
     }
 
-    /// The importance row (length `k`) for a tensor.
+    /// The importance row (length `k`) for a tensor. Every importance must be a finite
+    /// number in 0..=1e30 (NaN, infinite, negative or overflowing ones would make every
+    /// quantised value of the row meaningless): the row is refused, naming entry, row and
+    /// column.
     pub fn row(&self, name: &str, k: usize) -> Result<Vec<f32>, ViewError> {
         let (entry, row) = self.locate(name, k).map_err(|r| err(&self.path, r))?;
         let e = &self.entries[&entry];
         let mut b = vec![0u8; 4 * k];
-        self.file.read_exact_at(&mut b, e.sums_offset + (row * k * 4) as u64)?;
+        self.file.read_exact_at(&mut b, e.sums_offset + row as u64 * k as u64 * 4)?;
         let divisor = if e.n_mat == 1 { e.divisors[0] } else { e.divisors[row] };
-        Ok(b.chunks_exact(4)
+        let values: Vec<f32> = b
+            .chunks_exact(4)
             .map(|x| {
-                let s = f32::from_le_bytes(x.try_into().unwrap());
+                let s = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
                 match (divisor, self.format) {
                     (Some(d), _) => s / d,
                     (None, "gguf") => 1.0,
                     (None, _) => s,
                 }
             })
-            .collect())
+            .collect();
+        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !valid_number(**v)) {
+            return Err(err(&self.path, format!("{entry} row {row}: importance {v:?} at column {i} {NUMBER_RULE}")));
+        }
+        Ok(values)
     }
 
     pub fn describe(&self) -> String {

@@ -1,6 +1,8 @@
 //! Read-only mounts of existing kt-kernel INT8 trees. The tree is validated first (the same
-//! rules as `validate-int8`; an invalid tree is refused with the validator's message), and
-//! every file is the whole source file, held open since validation.
+//! rules and the same code as `validate-int8`; an invalid tree is refused with the
+//! validator's message), and what is served is exactly what the validator listed: the
+//! manifest and its files, each the whole source file, opened (as a regular file) right
+//! after validation and held open.
 //!
 //! With FUSE passthrough (kernel 6.9+, root; `passthrough=auto`, the default) an open checks
 //! the file (identity of the held descriptor, and that its path still names it) and hands
@@ -12,6 +14,7 @@
 //! `SourceFile::read_exact_at`, which checks the file after each read: EIO, never new bytes,
 //! even on handles opened before the change.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -19,8 +22,11 @@ use crate::view::{Extent, Ino, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::source::SourceFile;
 use super::validate::{self, Expect, LEGACY_MANIFEST_NAME, MANIFEST_NAME};
 
+/// A directory with a manifest (or anything in its place: the validator then says what is
+/// wrong with it) is an INT8 tree.
 pub fn is_int8_tree(path: &Path) -> bool {
-    path.is_dir() && (path.join(MANIFEST_NAME).exists() || path.join(LEGACY_MANIFEST_NAME).exists())
+    let present = |n: &str| std::fs::symlink_metadata(path.join(n)).is_ok();
+    path.is_dir() && (present(MANIFEST_NAME) || present(LEGACY_MANIFEST_NAME))
 }
 
 /// Mounts of existing INT8 trees (chosen by `view=auto` for a directory holding one).
@@ -50,32 +56,46 @@ impl crate::view::View for Int8TreeView {
     }
 }
 
+/// Validate the tree at `root` and serve exactly what was validated: the manifest and the
+/// files it lists (nothing added to the directories since is served).
 pub fn build(root: &Path, verify_hashes: bool) -> Result<Tree, ViewError> {
     let v = validate::validate(root, &Expect::default(), Some(verify_hashes))?;
     let mut tree = Tree::new();
-    add_dir(&mut tree, ROOT_INO, &v.root)?;
+    let manifest = v.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    add_file(&mut tree, ROOT_INO, &manifest, &v.path)?;
+    let mut dirs: BTreeMap<String, Ino> = BTreeMap::new();
+    for rel in &v.files {
+        let mut ino = ROOT_INO;
+        let mut parts: Vec<&str> = rel.split('/').collect();
+        let Some(name) = parts.pop() else { continue };
+        let mut prefix = String::new();
+        for d in parts {
+            prefix = if prefix.is_empty() { d.to_string() } else { format!("{prefix}/{d}") };
+            ino = match dirs.get(&prefix) {
+                Some(&i) => i,
+                None => {
+                    if tree.lookup(ino, d).is_some() {
+                        return Err(ViewError::Internal(format!("INT8 tree: {prefix} is both a file and a directory")));
+                    }
+                    let i = tree.add_dir(ino, d);
+                    dirs.insert(prefix.clone(), i);
+                    i
+                }
+            };
+        }
+        add_file(&mut tree, ino, name, &v.root.join(rel))?;
+    }
     Ok(tree)
 }
 
-fn add_dir(tree: &mut Tree, ino: Ino, dir: &Path) -> Result<(), ViewError> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: dir.to_path_buf(), source: e }))?
-        .flatten()
-        .collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let path = e.path();
-        if path.is_dir() {
-            let child = tree.add_dir(ino, &name);
-            add_dir(tree, child, &path)?;
-        } else {
-            let file = Arc::new(SourceFile::open(&path)?);
-            let mut f = VirtualFile::new();
-            let len = file.size();
-            f.push(Extent::Source { file, offset: 0, len });
-            tree.add_file(ino, &name, f);
-        }
+fn add_file(tree: &mut Tree, dir: Ino, name: &str, path: &Path) -> Result<(), ViewError> {
+    if tree.lookup(dir, name).is_some() {
+        return Err(ViewError::Internal(format!("INT8 tree: {} listed twice", path.display())));
     }
+    let file = Arc::new(SourceFile::open(path)?);
+    let mut f = VirtualFile::new();
+    let len = file.size();
+    f.push(Extent::Source { file, offset: 0, len });
+    tree.add_file(dir, name, f);
     Ok(())
 }

@@ -1,7 +1,17 @@
 //! `xpackfs validate-int8`: the second seed's `validate_persistent_int8_weights`
 //! (kt-kernel persistent INT8 expert trees), rule for rule and in the same order, with the
 //! same error texts. Works on any directory: a materialized tree, a tree on another
-//! filesystem, or a mounted view.
+//! filesystem, or a mounted view. INT8 tree mounts (`tree`) validate with it and serve
+//! exactly the files it validated.
+//!
+//! Beyond the seed (whose Python has neither fixed-width integers nor memory limits): the
+//! manifest is read only if it is a regular file of at most [`MAX_MANIFEST_BYTES`] holding
+//! at most [`MAX_MANIFEST_VALUES`] JSON values (counted before anything is built),
+//! `threadpool_count` is capped at [`MAX_THREADPOOL_COUNT`], and every size and count derived
+//! from the declared numbers is computed without overflow (an overflow is refused, never
+//! wrapped into a small size that real files could match). When the caller leaves
+//! expectations to the manifest, the root and the manifest are checked first, so a manifest
+//! that cannot be read is reported as such.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -10,10 +20,20 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::source::json::{self, JsonError};
+use crate::source::SourceError;
+
 pub const MANIFEST_NAME: &str = "kt-weight-manifest.json";
 pub const LEGACY_MANIFEST_NAME: &str = "kt-ephemeral-manifest.json";
 pub const SCHEMA_VERSION: i64 = 2;
 pub const LAYOUT: &str = crate::codec::kt_int8::LAYOUT;
+/// Caps on the manifest: bytes, and JSON values (a file entry is seven: the object, three
+/// keys, three values; parsed, about 400 bytes). A full-size DeepSeek V4 tree with 4 NUMA
+/// parts lists ~370,000 files (2.6 M values) in ~80 MB; the cap admits ~600,000.
+pub const MAX_MANIFEST_BYTES: u64 = 128 << 20;
+pub const MAX_MANIFEST_VALUES: u64 = 1 << 22;
+/// Cap on `threadpool_count` (NUMA parts per layer: one directory each).
+pub const MAX_THREADPOOL_COUNT: i64 = 4096;
 
 /// What the caller expects; `None` takes the manifest's own value (the seed requires all).
 #[derive(Debug, Clone, Default)]
@@ -34,6 +54,9 @@ pub struct Validated {
     pub layer_indices: Vec<i64>,
     pub file_count: u64,
     pub size_bytes: u64,
+    /// Every validated file, relative to `root`, in manifest order.
+    #[serde(skip)]
+    pub files: Vec<String>,
 }
 
 type R<T> = Result<T, String>;
@@ -103,25 +126,32 @@ fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64
         .filter(|p| p.exists() || is_symlink(p))
         .collect();
     if candidates.len() != 1 {
-        let names: Vec<String> = candidates.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = candidates.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
         let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
         return Err(format!(
             "persistent INT8 weight root requires exactly one manifest ({MANIFEST_NAME} or legacy {LEGACY_MANIFEST_NAME}); found {names}"
         ));
     }
-    let path = candidates.into_iter().next().unwrap();
+    let path = candidates.into_iter().next().unwrap_or_default();
+    // Checked before anything opens it: a FIFO here must not block.
     if is_symlink(&path) || !path.is_file() {
         return Err(format!("INT8 manifest must be a regular file: {}", path.display()));
     }
-    let text = std::fs::read(&path).map_err(|e| format!("cannot read INT8 manifest {}: {e}", path.display()))?;
-    let text = String::from_utf8(text).map_err(|e| format!("cannot read INT8 manifest {}: {e}", path.display()))?;
-    let manifest: Value = serde_json::from_str(&text).map_err(|e| format!("cannot read INT8 manifest {}: {e}", path.display()))?;
+    let manifest = json::read_capped(&path, MAX_MANIFEST_BYTES, MAX_MANIFEST_VALUES).map_err(|e| match e {
+        JsonError::Source(SourceError::NotRegular { .. }) => format!("INT8 manifest must be a regular file: {}", path.display()),
+        JsonError::Source(SourceError::Io { source, .. }) => format!("cannot read INT8 manifest {}: {source}", path.display()),
+        JsonError::Source(e) => format!("cannot read INT8 manifest {}: {e}", path.display()),
+        JsonError::TooLarge { len, cap } => format!("INT8 manifest {} is {len} bytes, over the cap of {cap}", path.display()),
+        JsonError::TooManyValues { cap } => format!("INT8 manifest {} holds more than {cap} JSON values (the cap)", path.display()),
+        JsonError::NotUtf8(e) => format!("cannot read INT8 manifest {}: {e}", path.display()),
+        JsonError::Syntax(e) => format!("cannot read INT8 manifest {}: {e}", path.display()),
+    })?;
     let Value::Object(manifest) = manifest else { return Err("INT8 manifest root must be a JSON object".into()) };
     let schema = as_int(manifest.get("schema_version")).filter(|v| *v == 1 || *v == SCHEMA_VERSION);
     let Some(schema) = schema else {
         return Err(format!("unsupported INT8 manifest schema_version {}; supported=[1, 2]", py_repr(manifest.get("schema_version"))));
     };
-    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
     if schema == 1 && name != LEGACY_MANIFEST_NAME {
         return Err(format!("schema-1 INT8 manifests must use {LEGACY_MANIFEST_NAME}"));
     }
@@ -133,7 +163,7 @@ fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64
 
 pub fn sha256_file(path: &Path) -> R<String> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (mut f, _) = crate::source::open_regular(path).map_err(|e| e.to_string())?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 8 << 20];
     loop {
@@ -170,8 +200,19 @@ fn path_parts(p: &str) -> Vec<String> {
         .collect()
 }
 
+/// Validate one layer; its files (relative paths) are appended to `validated`.
 #[allow(clippy::too_many_arguments)]
-fn validate_layer(root: &Path, layer: &Value, schema: i64, numa: i64, experts: i64, hidden: i64, inter: i64, verify: bool) -> R<(u64, u64)> {
+fn validate_layer(
+    root: &Path,
+    layer: &Value,
+    schema: i64,
+    numa: i64,
+    experts: i64,
+    hidden: i64,
+    inter: i64,
+    verify: bool,
+    validated: &mut Vec<String>,
+) -> R<(u64, u64)> {
     let Value::Object(layer) = layer else { return Err("INT8 manifest layer entries must be JSON objects".into()) };
     let idx = nonnegative_int(layer.get("index"), "layer.index")?;
     if layer.get("state").and_then(Value::as_str) != Some("ready") {
@@ -211,7 +252,9 @@ fn validate_layer(root: &Path, layer: &Value, schema: i64, numa: i64, experts: i
             actual_sizes.insert(rel, meta.size());
         }
     }
-    let expected_count = numa * experts * 3 * 2;
+    let expected_count = numa.checked_mul(experts).and_then(|n| n.checked_mul(6)).ok_or_else(|| {
+        format!("persistent INT8 layer {idx}: threadpool_count {numa} x expert_num {experts} x 6 files overflows")
+    })?;
     let files = match layer.get("files") {
         Some(Value::Array(f)) if f.len() as i64 == expected_count => f,
         _ => return Err(format!("persistent INT8 layer {idx} must list exactly {expected_count} files")),
@@ -258,17 +301,20 @@ fn validate_layer(root: &Path, layer: &Value, schema: i64, numa: i64, experts: i
         if !actual_sizes.contains_key(&key) {
             return Err(format!("missing or unsafe INT8 manifest file: {}", absolute.display()));
         }
-        if std::fs::File::open(&absolute).is_err() {
+        if crate::source::open_regular(&absolute).is_err() {
             return Err(format!("INT8 weight file is not readable: {}", absolute.display()));
         }
         let declared = positive_int(item.get("size_bytes"), &format!("{rel}.size_bytes"))? as u64;
         let per_numa = (inter / numa) as u64;
         let h = hidden as u64;
         let expected = match (proj, kind) {
-            (_, "quant") => h * per_numa,
-            ("down", "scale") => h * 4,
-            (_, _) => per_numa * 4,
-        };
+            (_, "quant") => h.checked_mul(per_numa),
+            ("down", "scale") => h.checked_mul(4),
+            (_, _) => per_numa.checked_mul(4),
+        }
+        .ok_or_else(|| {
+            format!("INT8 size contract for {rel} overflows 64 bits (hidden_size {hidden}, intermediate_size/threadpool_count {per_numa})")
+        })?;
         if encoded != expected || declared != expected {
             return Err(format!(
                 "INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}"
@@ -278,7 +324,8 @@ fn validate_layer(root: &Path, layer: &Value, schema: i64, numa: i64, experts: i
         if observed != declared {
             return Err(format!("INT8 manifest size mismatch for {}: expected {declared}, got {observed}", absolute.display()));
         }
-        actual_size += observed;
+        actual_size = actual_size.checked_add(observed).ok_or_else(|| format!("persistent INT8 layer {idx} byte total overflows"))?;
+        validated.push(key);
         let hash = item.get("sha256");
         if schema >= 2 {
             let ok = hash.and_then(Value::as_str).is_some_and(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
@@ -332,31 +379,44 @@ pub fn validate(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> Re
 }
 
 fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> R<Validated> {
-    // Expectations the caller did not give come from the manifest (read it once first).
-    let (numa, experts, hidden, inter, layers) = {
-        let peek = || -> Option<serde_json::Map<String, Value>> {
-            let r = std::fs::canonicalize(root).ok()?;
-            let p = [MANIFEST_NAME, LEGACY_MANIFEST_NAME].iter().map(|n| r.join(n)).find(|p| p.is_file())?;
-            serde_json::from_slice(&std::fs::read(p).ok()?).ok()
-        };
-        let m = peek().unwrap_or_default();
-        let get = |k: &str| as_int(m.get(k));
-        let layers = expect.layers.clone().or_else(|| {
-            m.get("layers").and_then(Value::as_array).map(|l| l.iter().filter_map(|x| as_int(x.get("index"))).collect())
-        });
-        (
-            expect.numa_count.or(get("threadpool_count")),
-            expect.expert_num.or(get("expert_num")),
-            expect.hidden_size.or(get("hidden_size")),
-            expect.intermediate_size.or(get("intermediate_size")),
-            layers,
-        )
+    // Expectations the caller did not give come from the manifest: then the root and the
+    // manifest are read (and their faults reported) first.
+    let all_given = expect.layers.is_some()
+        && expect.numa_count.is_some()
+        && expect.expert_num.is_some()
+        && expect.hidden_size.is_some()
+        && expect.intermediate_size.is_some();
+    let loaded = if all_given {
+        None
+    } else {
+        let resolved = resolve_root(root)?;
+        let manifest = load_manifest(&resolved)?;
+        Some((resolved, manifest))
     };
+    let m = loaded.as_ref().map(|(_, (_, m, _))| m);
+    let get = |k: &str| m.and_then(|m| as_int(m.get(k)));
+    let layers = match (&expect.layers, m) {
+        (Some(l), _) => Some(l.clone()),
+        (None, Some(m)) => match m.get("layers") {
+            Some(Value::Array(l)) => Some(l.iter().filter_map(|x| as_int(x.get("index"))).collect()),
+            _ => return Err("persistent INT8 manifest layers must be a list".into()),
+        },
+        (None, None) => None,
+    };
+    let (numa, experts, hidden, inter) = (
+        expect.numa_count.or_else(|| get("threadpool_count")),
+        expect.expert_num.or_else(|| get("expert_num")),
+        expect.hidden_size.or_else(|| get("hidden_size")),
+        expect.intermediate_size.or_else(|| get("intermediate_size")),
+    );
     let need = |v: Option<i64>, name: &str| v.filter(|x| *x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer"));
     let numa = need(numa, "threadpool_count")?;
     let experts = need(experts, "expert_num")?;
     let hidden = need(hidden, "hidden_size")?;
     let inter = need(inter, "intermediate_size")?;
+    if numa > MAX_THREADPOOL_COUNT {
+        return Err(format!("INT8 manifest threadpool_count {numa} exceeds the cap of {MAX_THREADPOOL_COUNT}"));
+    }
     if inter % numa != 0 {
         return Err(format!("persistent INT8 intermediate_size must be divisible by threadpool_count: {inter} % {numa} != 0"));
     }
@@ -364,8 +424,14 @@ fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> 
     if expected_layers.is_empty() || expected_layers.iter().any(|&i| i < 0) {
         return Err("persistent INT8 validation requires non-negative expert layer indices".into());
     }
-    let resolved = resolve_root(root)?;
-    let (manifest_path, manifest, schema) = load_manifest(&resolved)?;
+    let (resolved, (manifest_path, manifest, schema)) = match loaded {
+        Some(l) => l,
+        None => {
+            let resolved = resolve_root(root)?;
+            let manifest = load_manifest(&resolved)?;
+            (resolved, manifest)
+        }
+    };
     let verify = verify_hashes.unwrap_or(schema >= 2);
     let expected_meta: [(&str, Value); 6] = [
         ("state", Value::from("ready")),
@@ -422,17 +488,18 @@ fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> 
         return Err(format!("persistent INT8 layer set mismatch: expected {expected_layers:?}, got {sorted:?}"));
     }
     let (mut file_count, mut size_bytes) = (0u64, 0u64);
+    let mut files = Vec::new();
     for l in layers {
-        let (f, b) = validate_layer(&resolved, l, schema, numa, experts, hidden, inter, verify)?;
+        let (f, b) = validate_layer(&resolved, l, schema, numa, experts, hidden, inter, verify, &mut files)?;
         file_count += f;
-        size_bytes += b;
+        size_bytes = size_bytes.checked_add(b).ok_or("persistent INT8 manifest byte total overflows")?;
     }
     let manifest_bytes = positive_int(manifest.get("bytes"), "bytes")? as u64;
     if size_bytes != manifest_bytes {
         return Err(format!("persistent INT8 manifest byte total mismatch: expected {manifest_bytes}, got {size_bytes}"));
     }
     let mut expected_root: BTreeSet<String> = expected_layers.iter().map(|i| format!("_layer_{i}")).collect();
-    expected_root.insert(manifest_path.file_name().unwrap().to_string_lossy().into_owned());
+    expected_root.insert(manifest_path.file_name().unwrap_or_default().to_string_lossy().into_owned());
     let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(&resolved).map_err(|e| e.to_string())?.flatten().collect();
     if entries.iter().any(|e| is_symlink(&e.path())) {
         return Err("persistent INT8 root must not contain symlinks".into());
@@ -443,5 +510,5 @@ fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> 
         let missing: Vec<&String> = expected_root.difference(&actual_root).collect();
         return Err(format!("persistent INT8 root entries differ from its manifest: extra={extra:?}, missing={missing:?}").replace('"', "'"));
     }
-    Ok(Validated { root: resolved, path: manifest_path, schema_version: schema, layout, layer_indices: expected_layers, file_count, size_bytes })
+    Ok(Validated { root: resolved, path: manifest_path, schema_version: schema, layout, layer_indices: expected_layers, file_count, size_bytes, files })
 }
