@@ -1,7 +1,82 @@
-//! Durable file writes: temporary name, fsync, rename, fsync of the directory.
+//! Files at the edge: durable writes (temporary name, fsync, rename, fsync of the
+//! directory), and the one way a file that comes from outside is opened for reading: it
+//! must be a regular file after resolving symlinks ([`open_regular`], [`read_limited`]), so
+//! that a FIFO, a device or a directory is refused before an `open()` could block on it.
 
+use std::fs::{File, FileType, Metadata};
 use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+
+/// What a file type is, for messages: "a FIFO", "a directory", ...
+pub fn kind_of(t: FileType) -> &'static str {
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else {
+        "a special file"
+    }
+}
+
+/// Why a file that must be regular could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum RegularError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("is {0}, not a regular file")]
+    NotRegular(&'static str),
+}
+
+impl From<RegularError> for std::io::Error {
+    fn from(e: RegularError) -> Self {
+        match e {
+            RegularError::Io(e) => e,
+            e @ RegularError::NotRegular(_) => std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
+        }
+    }
+}
+
+/// Check that `path` is a regular file after resolving symlinks, without opening it.
+pub fn check_regular(path: &Path) -> Result<Metadata, RegularError> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(RegularError::NotRegular(kind_of(meta.file_type())));
+    }
+    Ok(meta)
+}
+
+/// Open a file that must be regular (after resolving symlinks) for reading: refused
+/// before the open if it is not, opened non-blocking (a FIFO put in its place meanwhile
+/// cannot block the open), and checked again on the descriptor.
+pub fn open_regular(path: &Path) -> Result<(File, Metadata), RegularError> {
+    check_regular(path)?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(RegularError::NotRegular(kind_of(meta.file_type())));
+    }
+    // Regular files ignore O_NONBLOCK; clear it anyway, so the descriptor is an ordinary one
+    // (it may be handed to the kernel as a FUSE passthrough backing file).
+    // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
+    let cleared = unsafe {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok((file, meta))
+}
 
 pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
@@ -27,22 +102,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// The bytes of `path`, which must be a regular file (after following symlinks) of at most
-/// `max` bytes. A FIFO, device or directory is refused before it is opened for reading (an
-/// open of a FIFO would block until a writer comes), and the descriptor is opened
-/// non-blocking and checked again, so one swapped in between cannot block either.
+/// The bytes of `path`, which must be a regular file (after following symlinks, opened by
+/// [`open_regular`]) of at most `max` bytes.
 pub fn read_limited(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let not_regular = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(not_regular());
-    }
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(not_regular());
-    }
+    let (f, meta) = open_regular(path)?;
     if meta.len() > max {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} bytes, more than the {max} allowed", meta.len())));
     }

@@ -10,11 +10,6 @@
 //! refused with the exact rule, succeed, or (content only reading can find) mount and give
 //! EIO on read.
 //!
-//! [`PHASE2`] lists the cases whose fix belongs to modules outside the parsers (view
-//! builders, options, serving, materialize): they are run and reported, and expected to fail
-//! until their fix lands (the test fails when one of them passes, so that the list stays
-//! true).
-//!
 //! Knobs: `XPACKFS_HOSTILE_BIN` (binary to test, default this build's), `XPACKFS_HOSTILE_JOBS`
 //! (parallel runs, default 3), `XPACKFS_HOSTILE_TIMEOUT` (seconds per run, default 30),
 //! `XPACKFS_HOSTILE_FILTER` (only case ids containing one of its comma-separated parts), `XPACKFS_HOSTILE_REPORT` (write
@@ -34,67 +29,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use common::*;
-
-/// Cases expected to fail until phase 2 of issue 17 (view builders, options, serving,
-/// materialize): (case id, where the fix belongs). The rule each must then report is the
-/// case's `expect` in its corpus. A case that passes must leave this list.
-const PHASE2: &[(&str, &str)] = &[
-    ("gguf/expert_used_count_zero", "src/view/expert_pack/mod.rs: metadata expert_used_count 0 is blamed on option top_k"),
-    ("gguf/int8_down_like_gate", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build"),
-    ("gguf/int8_gate_up_differ", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; src/materialize: no final file after a failure"),
-    ("gguf/int8_layer_u32_max", "src/view/expert_pack/mod.rs: num_layers = max layer + 1 overflows (panic)"),
-    ("gguf/int8_nan_weight", "src/materialize: no final file after a failure"),
-    ("gguf/int8_swapped_layers", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build"),
-    ("gguf/int8_undecodable_f64", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_i8", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_iq1_s", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_iq4_xs", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_nvfp4", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_q3_k", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_q4_0", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_q5_k", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_q8_k", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_undecodable_tq2_0", "src/view/kt_int8/mod.rs: refuse undecodable expert types at build"),
-    ("gguf/int8_unequal_experts", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build"),
-    ("gguf/int8_zero_experts", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (divides by the expert count)"),
-    ("gguf/int8_zero_experts_huge_dims", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (divides by the expert count)"),
-    ("gguf/int8_zero_ff", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; a panic in a FUSE read; src/materialize: no final file after a failure"),
-    ("gguf/layer_index_u32_max", "src/view/expert_pack/mod.rs: num_layers = max layer + 1 overflows (panic)"),
-    ("gguf/zero_experts", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (divides by the expert count)"),
-    ("gguf/zero_sized_ff", "src/view/expert_pack/mod.rs and src/view/kt_int8/mod.rs: validate shapes, types and coverage at build: zero-sized dimensions"),
-    ("int8/root_symlink", "src/cli/mod.rs: run_mount canonicalizes the source, so the INT8 tree validator never sees the symlink"),
-    ("options/alignment_2_32", "src/serve/options.rs: range-check alignment (ExpertPack::new allocates data_start bytes)"),
-    ("options/alignment_2_40", "src/serve/options.rs: range-check alignment (allocation failure)"),
-    ("options/alignment_2_63", "src/serve/options.rs: range-check alignment (capacity overflow panic)"),
-    ("options/cache_mb_2_44", "src/serve/options.rs: range-check cache_mb (cache_mb << 20 overflows)"),
-    ("options/cache_mb_2_50", "src/serve/options.rs: range-check cache_mb (cache_mb << 20 overflows)"),
-    ("options/config_blob_dev_zero", "src/view/expert_pack/mod.rs: read config_blob with source::open_regular and a size cap"),
-    ("options/config_blob_fifo", "src/view/expert_pack/mod.rs: read config_blob with source::open_regular (open() blocks on a FIFO)"),
-    ("options/mountpoint_bad_fd", "src/serve/mod.rs: /dev/fd/N that is not a /dev/fuse descriptor exits 0 serving nothing"),
-    ("options/mountpoint_fifo", "src/cli/mod.rs, src/serve/mod.rs: the mountpoint must be a directory (hangs)"),
-    ("options/mountpoint_is_source", "src/cli/mod.rs, src/serve/mod.rs: the mountpoint must be a directory"),
-    ("options/mountpoint_regular_file", "src/cli/mod.rs, src/serve/mod.rs: the mountpoint must be a directory"),
-    ("options/name_long", "src/serve/options.rs: name must leave room for its suffixes within NAME_MAX"),
-    ("options/num_layers_flag_negative", "src/cli/mod.rs: negative numbers to flags are parsed as flags"),
-    ("options/top_k_flag_negative", "src/cli/mod.rs: negative numbers to flags are parsed as flags"),
-    ("safetensors/config_n_routed_experts_huge", "src/view/bf16_cache.rs: check config counts against the tensors before allocating from them"),
-    ("safetensors/config_num_hidden_layers_huge", "src/view/bf16_cache.rs: check config counts against the tensors before allocating from them"),
-    ("safetensors/hf_expert_rank0", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (indexes shape[1]: panic)"),
-    ("safetensors/hf_expert_rank1", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (indexes shape[1]: panic)"),
-    ("safetensors/hf_inter_zero", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; src/materialize: no final file after a failure"),
-    ("safetensors/hf_transposed", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build"),
-    ("safetensors/hf_up_differs", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build"),
-    ("safetensors/v4_expert_e8m0_nan", "src/materialize: no final file after a failure"),
-    ("safetensors/v4_expert_f32", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build"),
-    ("safetensors/v4_expert_gap", "src/view/requant.rs: expert coverage"),
-    ("safetensors/v4_expert_index_huge", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; src/view/requant.rs"),
-    ("safetensors/v4_expert_leading_zero", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; src/view/requant.rs"),
-    ("safetensors/v4_expert_rank0", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (indexes shape[1]: panic)"),
-    ("safetensors/v4_expert_rank1", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build (indexes shape[1]: panic)"),
-    ("safetensors/v4_expert_shape_differs", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; src/view/requant.rs: uniform expert shapes"),
-    ("safetensors/v4_layer_dims_differ", "src/view/kt_int8/mod.rs: validate shapes, types and coverage at build; src/view/requant.rs: uniform expert shapes"),
-    ("safetensors/v4_nonfinite_bf16", "src/materialize: no final file after a failure"),
-];
 
 const VIEWS: [&str; 5] = ["auto", "expert-pack", "bf16-cache", "requant", "kt-int8"];
 const GENERATORS: [(&str, &str); 6] = [
@@ -527,9 +461,6 @@ fn hostile_corpus() {
     }
     let ids: BTreeSet<&str> = cases.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids.len(), cases.len(), "case ids are unique");
-    for (id, _) in PHASE2 {
-        assert!(ids.contains(id), "PHASE2 names {id}, which no corpus holds");
-    }
     let filter = std::env::var("XPACKFS_HOSTILE_FILTER").unwrap_or_default();
     let cases: Vec<Case> = cases.into_iter().filter(|c| filter.split(',').any(|f| c.id.contains(f))).collect();
     let jobs: Vec<(usize, String)> = cases.iter().enumerate().flat_map(|(i, _)| entries().into_iter().map(move |e| (i, e))).collect();
@@ -577,10 +508,6 @@ fn hostile_corpus() {
     for v in failures.values_mut() {
         v.sort();
     }
-    let phase2: BTreeMap<&str, &str> = PHASE2.iter().copied().collect();
-    let unexpected: Vec<&String> = failures.keys().filter(|id| !phase2.contains_key(id.as_str())).collect();
-    let now_passing: Vec<&&str> =
-        phase2.keys().filter(|id| cases.iter().any(|c| c.id == **id) && !failures.contains_key(**id)).collect();
     let per_corpus: BTreeMap<String, usize> = cases.iter().fold(BTreeMap::new(), |mut m, c| {
         *m.entry(c.id.split('/').next().unwrap().to_string()).or_default() += 1;
         m
@@ -597,7 +524,6 @@ fn hostile_corpus() {
         "failing_cases_per_class": by_class.iter().map(|(k, v)| (*k, v.len())).collect::<BTreeMap<_, _>>(),
         "cases_per_class": by_class,
         "failures": failures,
-        "phase2_still_failing": phase2.keys().filter(|id| failures.contains_key(**id)).collect::<Vec<_>>(),
     });
     if let Some(p) = std::env::var_os("XPACKFS_HOSTILE_REPORT") {
         std::fs::write(p, serde_json::to_string_pretty(&report).unwrap()).unwrap();
@@ -613,11 +539,8 @@ fn hostile_corpus() {
         report["failing_cases_per_class"]
     );
     let mut msg = String::new();
-    for id in &unexpected {
-        msg += &format!("{id}:\n  {}\n", failures[*id].join("\n  "));
-    }
-    for id in &now_passing {
-        msg += &format!("{id} passes now: remove it from PHASE2\n");
+    for (id, f) in &failures {
+        msg += &format!("{id}:\n  {}\n", f.join("\n  "));
     }
     assert!(msg.is_empty(), "{msg}");
 }

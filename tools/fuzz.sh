@@ -10,17 +10,15 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-targets=(gguf safetensors safetensors_dir int8_manifest imatrix json_caps)
+targets=(gguf safetensors safetensors_dir int8_manifest imatrix json_caps build_gguf build_safetensors)
 mkdir -p "$corpus"/work; for t in "${targets[@]}"; do mkdir -p "$corpus/$t"; done
 # Seeds: the fixtures and the hostile corpora (regular files under 1 MiB: libFuzzer's input
 # size follows its largest seed).
 seed() { find "$1" -maxdepth 1 -type f -size -1024k -name "$2" -exec cp {} "$corpus/$3/" \; ; }
 cp samples/sample-moe.gguf "$corpus/gguf/"
 python3 tools/make_bad_gguf.py "$corpus/work/bad" >/dev/null
-# Not seeded until their fix lands (issue 17, phase 2: tests/hostile.rs PHASE2): layer index
-# u32::MAX overflows the expert-pack planner's layer count.
-rm -f "$corpus"/work/bad/{layer_index_u32_max,int8_layer_u32_max}.gguf
 seed "$corpus/work/bad" '*.gguf' gguf
+cp "$corpus"/gguf/* "$corpus/build_gguf/"
 python3 tools/make_v4_fixture.py "$corpus/work/v4" --layers 1 --experts 2
 cp "$corpus"/work/v4/*.safetensors "$corpus/safetensors/"
 python3 tools/make_bad_safetensors.py "$corpus/work/st" >/dev/null

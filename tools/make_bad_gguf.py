@@ -251,13 +251,13 @@ def main() -> int:
     view("num_experts_option", good, "option num_experts: 3 disagrees with the source", EP, options=["num_experts=3"])
     view("source_sha_option", good, "source sha256 mismatch: expected " + "ab" * 32, EP, options=["source_sha256=" + "ab" * 32])
     view("top_k_option", good, "option top_k: 9 must be between 1 and the expert count 4", EP, options=["top_k=9"])
-    view("top_k_zero_option", good, "option top_k: 0 must be between 1 and the expert count 4", EP, options=["top_k=0"])
+    view("top_k_zero_option", good, "'--top-k <TOP_K>': 0 must be an integer from 1 to 65536", EP, options=["top_k=0"])
     view("expert_used_count_zero", gguf(experts(), kvs=arch(kv("deepseek2.expert_used_count", U32, 0))),
-         "deepseek2.expert_used_count is 0", EP)
-    view("layer_index_u32_max", gguf(experts(layers=1, first_layer=0xFFFFFFFF)), "layer index 4294967295", EP)
-    view("layer_index_70000", gguf(experts(layers=1, first_layer=70000)), "routed-expert tensors missing (210000)", EP)
-    view("zero_sized_ff", gguf(experts(ff=0)), "blk.0.ffn_gate_exps.weight: zero-sized dimension", EP)
-    view("zero_experts", gguf(experts(e=0)), "blk.0.ffn_gate_exps.weight: 0 bytes do not split evenly into 0 experts", EP)
+         "GGUF metadata deepseek2.expert_used_count is 0, not between 1 and the expert count 4", EP)
+    view("layer_index_u32_max", gguf(experts(layers=1, first_layer=0xFFFFFFFF)), "blk.4294967295.ffn_gate_exps.weight: layer index 4294967295 is beyond any real model (at most 4095)", EP)
+    view("layer_index_70000", gguf(experts(layers=1, first_layer=70000)), "blk.70000.ffn_gate_exps.weight: layer index 70000 is beyond any real model (at most 4095)", EP)
+    view("zero_sized_ff", gguf(experts(ff=0)), "blk.0.ffn_gate_exps.weight: expected a 3-dimensional expert tensor without zero dimensions, shape is [64, 0, 4]", EP)
+    view("zero_experts", gguf(experts(e=0)), "blk.0.ffn_gate_exps.weight: expected a 3-dimensional expert tensor without zero dimensions, shape is [64, 32, 0]", EP)
     view("experts_70000", gguf(experts(layers=1, e=70000, h=1, ff=1, t=F32T)), "layer and expert numbers must fit the index's u16 fields", EP)
     c.path("good.gguf").write_bytes(good)
     c.add("good", "good.gguf", {"mount": "ok", "materialize": "ok", "digest": "ok"}, views=EP)
@@ -266,22 +266,23 @@ def main() -> int:
     good_int8 = gguf(experts(h=128, ff=64) + [("output_norm.weight", [128], F32T)])
     c.path("good_int8.gguf").write_bytes(good_int8)
     c.add("good_int8", "good_int8.gguf", {"mount": "ok", "materialize": "ok", "digest": "ok"}, views=EP + KT)
-    view("int8_zero_experts", gguf(experts(e=0, h=128, ff=64)), "kt-int8: blk.0.ffn_gate_exps.weight: the expert dimension is 0", KT)
-    view("int8_zero_ff", gguf(experts(h=128, ff=0)), "kt-int8: blk.0.ffn_gate_exps.weight: zero-sized dimension", KT)
-    view("int8_zero_experts_huge_dims", gguf(experts(e=0, h=1 << 20, ff=1 << 20)), "kt-int8: blk.0.ffn_gate_exps.weight: the expert dimension is 0", KT)
+    view("int8_zero_experts", gguf(experts(e=0, h=128, ff=64)), "kt-int8: blk.0.ffn_gate_exps.weight: expected 3 non-zero dimensions, shape is [128, 64, 0]", KT)
+    view("int8_zero_ff", gguf(experts(h=128, ff=0)), "kt-int8: blk.0.ffn_gate_exps.weight: expected 3 non-zero dimensions, shape is [128, 0, 4]", KT)
+    view("int8_zero_experts_huge_dims", gguf(experts(e=0, h=1 << 20, ff=1 << 20)), "kt-int8: blk.0.ffn_gate_exps.weight: expected 3 non-zero dimensions, shape is [1048576, 1048576, 0]", KT)
     view("int8_down_like_gate", gguf(experts(h=128, ff=64, override={"blk.0.ffn_down_exps.weight": [128, 64, 4]})),
-         "kt-int8: blk.0.ffn_down_exps.weight: shape [128, 64, 4]", KT)
+         "kt-int8: blk.0.ffn_down_exps.weight: the down matrix is 64x128, but blk.0.ffn_gate_exps.weight makes gate/up 64x128 and down 128x64", KT)
     view("int8_swapped_layers", gguf(experts(layers=1, h=128, ff=64) + experts(layers=1, h=64, ff=128, first_layer=1)),
-         "kt-int8: blk.1.ffn_gate_exps.weight: shape [64, 128, 4]", KT)
+         "kt-int8: blk.1.ffn_gate_exps.weight: the gate matrix is 128x64, but blk.0.ffn_gate_exps.weight makes gate/up 64x128", KT)
     view("int8_gate_up_differ", gguf(experts(h=128, ff=64, override={"blk.0.ffn_up_exps.weight": [128, 128, 4]})),
-         "kt-int8: blk.0.ffn_up_exps.weight: shape [128, 128, 4]", KT)
+         "kt-int8: blk.0.ffn_up_exps.weight: the up matrix is 128x128, but blk.0.ffn_gate_exps.weight makes gate/up 64x128", KT)
     view("int8_unequal_experts", gguf(experts(h=128, ff=64, override={"blk.1.ffn_up_exps.weight": [128, 64, 8]})),
          "kt-int8: blk.1.ffn_up_exps.weight: 8 experts", KT)
-    view("int8_two_dim", gguf(experts(h=128, ff=64, override={"blk.0.ffn_gate_exps.weight": [128, 256]})), "expected 3 dimensions", KT)
-    view("int8_layer_u32_max", gguf(experts(layers=1, h=128, ff=64, first_layer=0xFFFFFFFF)), "ok", KT, mount="ok", materialize="ok")
+    view("int8_two_dim", gguf(experts(h=128, ff=64, override={"blk.0.ffn_gate_exps.weight": [128, 256]})), "kt-int8: blk.0.ffn_gate_exps.weight: expected 3 non-zero dimensions, shape is [128, 256]", KT)
+    view("int8_layer_u32_max", gguf(experts(layers=1, h=128, ff=64, first_layer=0xFFFFFFFF)),
+         "kt-int8: blk.4294967295.ffn_gate_exps.weight: layer 4294967295 / 4 experts exceed the caps (4095, 65536)", KT)
     for tname in ["Q4_0", "Q5_K", "Q3_K", "IQ4_XS", "TQ2_0", "IQ1_S", "NVFP4", "Q8_K", "I8", "F64"]:
         view(f"int8_undecodable_{tname.lower()}", gguf(experts(layers=1, e=2, h=256, ff=256, t=TYPE_ID[tname])),
-             f"kt-int8: blk.0.ffn_gate_exps.weight: cannot decode {tname} experts; supported: {KT_INT8_DECODABLE}", KT)
+             f"kt-int8: blk.0.ffn_gate_exps.weight: {tname} experts cannot be decoded by this view (it decodes {KT_INT8_DECODABLE})", KT)
     nan = bytearray(tensor_data(nbytes([128, 64, 2], F32T), F32T, 1))
     nan[400:404] = struct.pack("<f", float("nan"))
     c.path("int8_nan_weight.gguf").write_bytes(gguf(experts(layers=1, e=2, h=128, ff=64, t=F32T), data={"blk.0.ffn_up_exps.weight": bytes(nan)}))

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus_util import Corpus, mkfifo, symlink  # noqa: E402
+from corpus_util import VIEWS, Corpus, mkfifo, symlink  # noqa: E402
 
 LAYOUT = "kt-int8-n32-k64-vnni-v1"
 MANIFEST = "kt-weight-manifest.json"
@@ -71,17 +71,19 @@ def main() -> int:
     out = c.out
 
     def both(rule):
-        """validate-int8 and an INT8 tree mount (any view option: the tree is detected first)."""
-        return {"validate-int8": rule, "mount": rule}
+        """validate-int8 and an INT8 tree mount (view=auto); a view that reads checkpoints,
+        given a tree, says that it was given a tree."""
+        return {"validate-int8": rule, "mount:auto": rule,
+                **{f"mount:{v}": "is an INT8 tree, not a checkpoint (mount it with view=auto)" for v in VIEWS if v != "auto"}}
 
     def tree(name, expect, **kw):
         write_tree(out / name, **kw)
         c.add(name, name, expect)
         return out / name
 
-    tree("ok", {"validate-int8": "ok", "mount": "ok"})
-    tree("ok_numa2", {"validate-int8": "ok", "mount": "ok"}, numa=2)
-    tree("ok_schema1", {"validate-int8": "ok", "mount": "ok"}, schema=1)
+    tree("ok", both("ok"))
+    tree("ok_numa2", both("ok"), numa=2)
+    tree("ok_schema1", both("ok"), schema=1)
 
     # -- the root and the manifest file --
     (out / "root_is_file").write_bytes(b"not a directory\n")

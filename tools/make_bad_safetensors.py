@@ -269,7 +269,7 @@ def main() -> int:
     for key, value in [("n_routed_experts", 10 ** 9), ("num_hidden_layers", 10 ** 12)]:
         name = f"config_{key}_huge"
         v4_checkpoint(d(name), config=v4_config(**{**V4, "E" if key == "n_routed_experts" else "L": value}))
-        add_dir(name, {"mount": f"{key} {value}", "materialize": f"{key} {value}"}, views=["bf16-cache"])
+        add_dir(name, {"mount": f"config.json {key} = {value} is beyond any real model", "materialize": f"config.json {key} = {value} is beyond any real model"}, views=["bf16-cache"])
     exp = "model-00002-of-00002.safetensors"
     w1 = "layers.0.ffn.experts.0.w1.weight"
 
@@ -280,17 +280,21 @@ def main() -> int:
     def both(rule):
         return {"mount": rule, "materialize": rule}
 
+    RQ_WIDER = "requant: layers.0.ffn.experts.1.w1.weight: shape [256, 256], but layers.0.ffn.experts.0.w1.weight of the same projection has [256, 128]"
+    # The block rule fires before the shapes are compared across layers.
+    RQ_SWAP = "requant: layers.1.ffn.experts.0.w2.weight: 128 is not a multiple of 256"
+
     v4_view("v4_expert_rank0", lambda sh: replace(sh[exp], w1, shape=[], data=b"\1"),
-            {**both(f"kt-int8: {w1}: expected a 2-D packed MXFP4 weight"),
+            {**both(f"kt-int8: {w1}: expected 2 non-zero dimensions, shape is []"),
              "mount:bf16-cache": f"invalid native MXFP4 tensor {w1}", "materialize:bf16-cache": f"invalid native MXFP4 tensor {w1}",
              "mount:requant": f"{w1}: expected a 2-D packed MXFP4 weight", "materialize:requant": f"{w1}: expected a 2-D packed MXFP4 weight"},
             ["bf16-cache", "requant", "kt-int8"])
     v4_view("v4_expert_rank1", lambda sh: replace(sh[exp], w1, shape=[256 * 128]),
-            {**both(f"kt-int8: {w1}: expected a 2-D packed MXFP4 weight"),
+            {**both(f"kt-int8: {w1}: expected 2 non-zero dimensions, shape is [32768]"),
              "mount:requant": f"{w1}: expected a 2-D packed MXFP4 weight", "materialize:requant": f"{w1}: expected a 2-D packed MXFP4 weight"},
             ["requant", "kt-int8"])
     v4_view("v4_expert_f32", lambda sh: replace(sh[exp], w1, dtype="F32", shape=[256, 128], data=Rand(5).f32(256 * 128)),
-            {**both(f"kt-int8: {w1}: MXFP4 needs I8/U8 weights and F8_E8M0 scales, got F32"),
+            {**both(f"kt-int8: {w1}: DeepSeek experts must be packed MXFP4 (I8/U8 nibbles), got F32"),
              "mount:bf16-cache": f"invalid native MXFP4 tensor {w1}", "materialize:bf16-cache": f"invalid native MXFP4 tensor {w1}",
              "mount:requant": f"{w1}: MXFP4 needs I8/U8 weights and F8_E8M0 scales, got F32", "materialize:requant": f"{w1}: MXFP4 needs I8/U8 weights and F8_E8M0 scales, got F32"},
             ["bf16-cache", "requant", "kt-int8"])
@@ -298,9 +302,9 @@ def main() -> int:
     def drop_expert(sh, layer=0, e=2):
         sh[exp][:] = [t for t in sh[exp] if f"layers.{layer}.ffn.experts.{e}." not in t[0]]
     v4_view("v4_expert_gap", drop_expert,
-            {**both("layer 0 expert 2 has no gate projection"),
+            {**both("kt-int8: layer 0 has no gate projection for expert(s) 2 (every layer needs experts 0..4)"),
              "mount:bf16-cache": "incomplete native MXFP4 checkpoint", "materialize:bf16-cache": "incomplete native MXFP4 checkpoint",
-             "mount:requant": "requant: layer 0 has no routed expert 2", "materialize:requant": "requant: layer 0 has no routed expert 2"},
+             "mount:requant": "requant: layer 0 has no w1 projection for routed expert(s) 2 (every layer with routed experts needs experts 0..4)", "materialize:requant": "requant: layer 0 has no w1 projection for routed expert(s) 2 (every layer with routed experts needs experts 0..4)"},
             ["bf16-cache", "requant", "kt-int8"])
 
     def extra_expert(sh, index="4294967295"):
@@ -309,9 +313,9 @@ def main() -> int:
             sh[exp].append((q + ".weight", "I8", [n, k // 2], Rand(7).i8(n * k // 2)))
             sh[exp].append((q + ".scale", "F8_E8M0", [n, k // 32], Rand(8).e8m0(n * k // 32)))
     v4_view("v4_expert_index_huge", extra_expert,
-            {**both("kt-int8: layers.0.ffn.experts.4294967295.w1.weight: expert index 4294967295"),
+            {**both('kt-int8: layers.0.ffn.experts.4294967295.w1.weight: expert index "4294967295" is not a number from 0 to 65535'),
              "mount:bf16-cache": "unexpected routed-expert tensor: layers.0.ffn.experts.4294967295", "materialize:bf16-cache": "unexpected routed-expert tensor: layers.0.ffn.experts.4294967295",
-             "mount:requant": "layers.0.ffn.experts.4294967295.w1.weight: expert index 4294967295", "materialize:requant": "layers.0.ffn.experts.4294967295.w1.weight: expert index 4294967295"},
+             "mount:requant": 'requant: layers.0.ffn.experts.4294967295.w1.weight: expert index "4294967295" is not a number from 0 to 65535', "materialize:requant": 'requant: layers.0.ffn.experts.4294967295.w1.weight: expert index "4294967295" is not a number from 0 to 65535'},
             ["bf16-cache", "requant", "kt-int8"])
 
     def leading_zero(sh):
@@ -319,7 +323,7 @@ def main() -> int:
             for kind in ("weight", "scale"):
                 replace(sh[exp], f"layers.0.ffn.experts.1.{proj}.{kind}", new_name=f"layers.0.ffn.experts.01.{proj}.{kind}")
     v4_view("v4_expert_leading_zero", leading_zero,
-            {**both("layers.0.ffn.experts.01.w1.weight: expert index 01 is not canonical"),
+            {**both('layers.0.ffn.experts.01.w1.weight: expert index "01" is not a number from 0 to 65535'),
              "mount:bf16-cache": "unexpected routed-expert tensor: layers.0.ffn.experts.01", "materialize:bf16-cache": "unexpected routed-expert tensor: layers.0.ffn.experts.01"},
             ["bf16-cache", "requant", "kt-int8"])
 
@@ -327,7 +331,8 @@ def main() -> int:
         replace(sh[exp], "layers.0.ffn.experts.1.w1.weight", shape=[256, 256], data=Rand(9).i8(256 * 256))
         replace(sh[exp], "layers.0.ffn.experts.1.w1.scale", shape=[256, 16], data=Rand(9).e8m0(256 * 16))
     v4_view("v4_expert_shape_differs", wider,
-            {**both("layers.0.ffn.experts.1.w1.weight: shape [256, 256] differs from"),
+            {**both("kt-int8: layers.0.ffn.experts.1.w1.weight: the gate matrix is 256x512, but layers.0.ffn.experts.0.w1.weight makes gate/up 256x256"),
+             "mount:requant": RQ_WIDER, "materialize:requant": RQ_WIDER,
              "mount:bf16-cache": "invalid native MXFP4 tensor layers.0.ffn.experts.1.w1.weight", "materialize:bf16-cache": "invalid native MXFP4 tensor layers.0.ffn.experts.1.w1.weight"},
             ["bf16-cache", "requant", "kt-int8"])
 
@@ -339,7 +344,8 @@ def main() -> int:
                 replace(sh[exp], q + ".weight", shape=[n, k // 2], data=Rand(e).i8(n * k // 2))
                 replace(sh[exp], q + ".scale", shape=[n, k // 32], data=Rand(e).e8m0(n * k // 32))
     v4_view("v4_layer_dims_differ", swap_layer,
-            {**both("layers.1.ffn.experts.0.w1.weight: shape [128, 128] differs from"),
+            {**both("kt-int8: layers.1.ffn.experts.0.w1.weight: the gate matrix is 128x256, but layers.0.ffn.experts.0.w1.weight makes gate/up 256x256"),
+             "mount:requant": RQ_SWAP, "materialize:requant": RQ_SWAP,
              "mount:bf16-cache": "invalid native MXFP4 tensor layers.1.ffn.experts.0.w1.weight", "materialize:bf16-cache": "invalid native MXFP4 tensor layers.1.ffn.experts.0.w1.weight"},
             ["bf16-cache", "requant", "kt-int8"])
 
@@ -364,14 +370,14 @@ def main() -> int:
         hf_checkpoint(d(name), edit=edit)
         add_dir(name, expect, views=["kt-int8"], note=note)
 
-    hf_view("hf_expert_rank0", lambda ts: replace(ts, gate0, shape=[], data=b"\0\0"), both(f"kt-int8: {gate0}: expected a 2-D dense expert weight"))
-    hf_view("hf_expert_rank1", lambda ts: replace(ts, gate0, shape=[64 * 128]), both(f"kt-int8: {gate0}: expected a 2-D dense expert weight"))
+    hf_view("hf_expert_rank0", lambda ts: replace(ts, gate0, shape=[], data=b"\0\0"), both(f"kt-int8: {gate0}: expected 2 non-zero dimensions, shape is []"))
+    hf_view("hf_expert_rank1", lambda ts: replace(ts, gate0, shape=[64 * 128]), both(f"kt-int8: {gate0}: expected 2 non-zero dimensions, shape is [8192]"))
     hf_checkpoint(d("hf_inter_zero"), I=0)
-    add_dir("hf_inter_zero", both("kt-int8: model.layers.0.mlp.experts.0.gate_proj.weight: zero-sized dimension"), views=["kt-int8"])
+    add_dir("hf_inter_zero", both("kt-int8: model.layers.0.mlp.experts.0.gate_proj.weight: expected 2 non-zero dimensions, shape is [0, 128]"), views=["kt-int8"])
     hf_view("hf_transposed", lambda ts: replace(ts, "model.layers.0.mlp.experts.1.gate_proj.weight", shape=[128, 64]),
-            both("kt-int8: model.layers.0.mlp.experts.1.gate_proj.weight: shape [128, 64] differs from"))
+            both("kt-int8: model.layers.0.mlp.experts.1.gate_proj.weight: the gate matrix is 128x64, but model.layers.0.mlp.experts.0.gate_proj.weight makes gate/up 64x128"))
     hf_view("hf_up_differs", lambda ts: replace(ts, "model.layers.1.mlp.experts.2.up_proj.weight", shape=[32, 256]),
-            both("kt-int8: model.layers.1.mlp.experts.2.up_proj.weight: shape [32, 256] differs from"))
+            both("kt-int8: model.layers.1.mlp.experts.2.up_proj.weight: the up matrix is 32x256, but model.layers.0.mlp.experts.0.gate_proj.weight makes gate/up 64x128"))
     hf_view("hf_expert_i8", lambda ts: replace(ts, gate0, dtype="I8", shape=[64, 256]),
             both(f"kt-int8: {gate0}: dense experts must be BF16, F16 or F32, got I8"))
     c.write()

@@ -1,5 +1,6 @@
 #![no_main]
-//! kt-kernel INT8 manifests, validated against a small tree (one layer, one NUMA part).
+//! kt-kernel INT8 manifests, validated against a small tree (one layer, one NUMA part), and
+//! the INT8 tree view built from what validated (the files read at both ends).
 use libfuzzer_sys::fuzz_target;
 
 mod common;
@@ -13,4 +14,7 @@ fuzz_target!(|data: &[u8]| {
     }
     std::fs::write(root.join("kt-weight-manifest.json"), data).unwrap();
     let _ = xpackfs::view::kt_int8::validate::validate(&root, &Default::default(), Some(true));
+    if let Ok(tree) = xpackfs::view::kt_int8::tree::build(&root, true) {
+        common::read_ends(&tree);
+    }
 });

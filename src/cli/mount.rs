@@ -10,7 +10,9 @@ use crate::view::{self, Context, Input, Purpose};
 
 pub fn run(a: MountArgs) -> i32 {
     let MountArgs { source, mountpoint, options } = a;
-    let source = match std::fs::canonicalize(&source) {
+    // Absolute (the daemon leaves the working directory), symlinks kept: Input::open
+    // resolves a checkpoint's and validates an INT8 tree's root as given.
+    let source = match std::fs::metadata(&source).and_then(|_| std::path::absolute(&source)) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("xpackfs: source {}: {e}", source.display());

@@ -28,6 +28,8 @@ pub enum MountError {
     Mountpoint { path: PathBuf, source: std::io::Error },
     #[error("mountpoint {}: not a directory", path.display())]
     NotADirectory { path: PathBuf },
+    #[error("mountpoint {}: not an open /dev/fuse descriptor", path.display())]
+    NotFuseFd { path: PathBuf },
     #[error("{}: {source}", path.display())]
     Source { path: PathBuf, source: std::io::Error },
     #[error("mounting on {}: {source}", path.display())]
@@ -41,7 +43,8 @@ pub enum MountError {
 /// Where the kernel mounts: the canonical mountpoint, which must be a directory, or
 /// `/dev/fd/N` (the /dev/fuse descriptor `mount.fuse3 -o drop_privileges` passes).
 fn mount_target(mountpoint: &str) -> Result<PathBuf, MountError> {
-    if fd_mountpoint(mountpoint).is_some() {
+    if let Some(fd) = fd_mountpoint(mountpoint) {
+        check_fuse_fd(mountpoint, fd)?;
         return Ok(PathBuf::from(mountpoint));
     }
     let p = std::fs::canonicalize(mountpoint).map_err(|e| MountError::Mountpoint { path: mountpoint.into(), source: e })?;
@@ -70,6 +73,18 @@ pub fn ownership_of(path: &Path) -> std::io::Result<Ownership> {
         read_bits: (m.mode() & 0o444) as u16,
         mtime: m.modified().unwrap_or(std::time::UNIX_EPOCH),
     })
+}
+
+/// `/dev/fd/N` must be an open descriptor of /dev/fuse (character device 10:229): anything
+/// else would be served nothing, silently.
+fn check_fuse_fd(mountpoint: &str, fd: i32) -> Result<(), MountError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let is_fuse = std::fs::metadata(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|m| m.file_type().is_char_device() && libc::major(m.rdev()) == 10 && libc::minor(m.rdev()) == 229);
+    if !is_fuse {
+        return Err(MountError::NotFuseFd { path: mountpoint.into() });
+    }
+    Ok(())
 }
 
 fn fd_mountpoint(mountpoint: &str) -> Option<i32> {

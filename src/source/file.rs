@@ -13,13 +13,14 @@
 //! and again on the descriptor (opened non-blocking, so a file swapped for a FIFO in
 //! between cannot block either).
 
-use std::fs::{File, FileType, Metadata};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::fs::{File, Metadata};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::SourceError;
+use crate::fsutil;
 
 /// What identifies a file's content without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -61,57 +62,22 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// What a file type is, for messages: "a FIFO", "a directory", ...
-pub fn kind_of(t: FileType) -> &'static str {
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_symlink() {
-        "a symlink"
-    } else {
-        "a special file"
-    }
-}
-
 /// Check that `path` is a regular file after resolving symlinks, without opening it.
 pub fn check_regular(path: &Path) -> Result<Metadata, SourceError> {
-    let meta = std::fs::metadata(path).map_err(|e| SourceError::Io { path: path.to_path_buf(), source: e })?;
-    if !meta.is_file() {
-        return Err(SourceError::NotRegular { path: path.to_path_buf(), kind: kind_of(meta.file_type()) });
-    }
-    Ok(meta)
+    fsutil::check_regular(path).map_err(|e| regular_err(path, e))
 }
 
-/// Open a file that must be regular (after resolving symlinks) for reading: refused
-/// before the open if it is not, opened non-blocking (a FIFO put in its place meanwhile
-/// cannot block the open), and checked again on the descriptor.
+/// Open a file that must be regular (after resolving symlinks) for reading
+/// ([`fsutil::open_regular`]: refused before the open, opened non-blocking, checked again).
 pub fn open_regular(path: &Path) -> Result<(File, Metadata), SourceError> {
-    let io = |e| SourceError::Io { path: path.to_path_buf(), source: e };
-    check_regular(path)?;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(SourceError::NotRegular { path: path.to_path_buf(), kind: kind_of(meta.file_type()) });
+    fsutil::open_regular(path).map_err(|e| regular_err(path, e))
+}
+
+fn regular_err(path: &Path, e: fsutil::RegularError) -> SourceError {
+    match e {
+        fsutil::RegularError::Io(source) => SourceError::Io { path: path.to_path_buf(), source },
+        fsutil::RegularError::NotRegular(kind) => SourceError::NotRegular { path: path.to_path_buf(), kind },
     }
-    // Regular files ignore O_NONBLOCK; clear it anyway, so the descriptor is an ordinary one
-    // (it may be handed to the kernel as a FUSE passthrough backing file).
-    // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
-    let cleared = unsafe {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
-    };
-    if !cleared {
-        return Err(io(std::io::Error::last_os_error()));
-    }
-    Ok((file, meta))
 }
 
 impl SourceFile {

@@ -34,6 +34,20 @@ use crate::codec::CodecError;
 use crate::digest::DigestError;
 use crate::source::SourceError;
 
+/// The highest layer index a view accepts in a tensor name (real models have under 200).
+pub const MAX_LAYER_INDEX: u64 = 4095;
+/// The most routed experts per layer a view accepts (real models have up to 384).
+pub const MAX_EXPERTS: u64 = 65536;
+
+/// An expert or layer index as written in a tensor name: decimal, no leading zeros, at most
+/// `max`; the refusal names the tensor and the rule.
+pub(crate) fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(x) if x <= max && (v == "0" || !v.starts_with('0')) => Ok(x),
+        _ => Err(format!("{name}: {what} index {v:?} is not a number from 0 to {max}")),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
     #[error(transparent)]

@@ -111,17 +111,17 @@ pub enum Input {
 }
 
 impl Input {
-    /// The input at `path`, opened under its canonical path: the identity of source files
-    /// (which disk-cache and digest-store keys hold) is the same whichever spelling of the
-    /// path a command was given (relative, through a symlink).
+    /// The input at `path`. A checkpoint is opened under its canonical path: the identity of
+    /// source files (which disk-cache and digest-store keys hold) is the same whichever
+    /// spelling of the path a command was given (relative, through a symlink). An INT8 tree
+    /// keeps the path as given, so that its validator sees (and refuses) a symlinked root,
+    /// as `validate-int8` does.
     pub fn open(path: &Path) -> Result<Input, ViewError> {
-        let canonical = std::fs::canonicalize(path);
-        let path = canonical.as_deref().unwrap_or(path);
         if kt_int8::tree::is_int8_tree(path) {
-            Ok(Input::Int8Tree(path.to_path_buf()))
-        } else {
-            Ok(Input::Checkpoint(Source::open(path)?))
+            return Ok(Input::Int8Tree(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())));
         }
+        let canonical = std::fs::canonicalize(path);
+        Ok(Input::Checkpoint(Source::open(canonical.as_deref().unwrap_or(path))?))
     }
 
     /// The checkpoint, for views that read one.

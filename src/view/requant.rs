@@ -324,7 +324,41 @@ fn plan(source: &Source, weight_map: &Map<String, Value>, recipe: &Options) -> R
         p.scale = Some(si);
     }
     check_expert_shapes(source, &planned)?;
+    check_expert_coverage(source, &planned)?;
     Ok(planned)
+}
+
+/// Every layer that has routed experts has all of them, for every projection it has:
+/// indices are canonical decimal numbers within the caps, and each projection of a layer
+/// covers experts 0..n, where n is the expert count of the checkpoint (the largest index
+/// plus one).
+fn check_expert_coverage(source: &Source, planned: &[Planned]) -> Result<(), ViewError> {
+    let mut seen: BTreeMap<u64, BTreeMap<String, std::collections::BTreeSet<u64>>> = BTreeMap::new();
+    let mut count = 0;
+    for p in planned.iter().filter(|p| p.role == "quantised") {
+        let name = &source.tensors[p.tensor].name;
+        // layers.L.ffn.experts.E.wN.weight
+        let parts: Vec<&str> = name.split('.').collect();
+        let [_, layer, _, _, expert, proj, _] = parts[..] else {
+            return Err(err(format!("{name}: a routed expert must be named layers.L.ffn.experts.E.wN.weight")));
+        };
+        let layer = super::name_index(name, "layer", layer, super::MAX_LAYER_INDEX).map_err(err)?;
+        let e = super::name_index(name, "expert", expert, super::MAX_EXPERTS - 1).map_err(err)?;
+        count = count.max(e + 1);
+        seen.entry(layer).or_default().entry(proj.to_string()).or_default().insert(e);
+    }
+    for (layer, projs) in &seen {
+        for (proj, experts) in projs {
+            if experts.len() as u64 != count {
+                let missing: Vec<String> = (0..count).filter(|e| !experts.contains(e)).take(8).map(|e| e.to_string()).collect();
+                return Err(err(format!(
+                    "layer {layer} has no {proj} projection for routed expert(s) {} (every layer with routed experts needs experts 0..{count})",
+                    missing.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every routed expert of a projection has one shape, and the down projection (w2,

@@ -165,7 +165,12 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
     if found.is_empty() {
         return Err(layout_err("the source has no routed-expert tensors named blk.N.ffn_{gate,up,down}_exps.weight"));
     }
-    let num_layers = found.keys().map(|k| k.0).max().unwrap() + 1;
+    let last = found.keys().map(|k| k.0).max().unwrap_or(0);
+    if u64::from(last) > super::MAX_LAYER_INDEX {
+        let name = found.iter().find(|(k, _)| k.0 == last).map(|(_, &i)| source.tensors[i].name.as_str()).unwrap_or("");
+        return Err(layout_err(format!("{name}: layer index {last} is beyond any real model (at most {})", super::MAX_LAYER_INDEX)));
+    }
+    let num_layers = last + 1;
     if let Some(n) = opts.num_layers {
         if n != num_layers {
             return Err(option_err("num_layers", format!("{n} disagrees with the source, whose expert tensors cover layers 0..{num_layers}")));
@@ -340,8 +345,9 @@ impl ExpertPack {
             Some(k) => k,
             None => match source.gguf().and_then(|m| m.arch_u64("expert_used_count")) {
                 Some(k) if k == 0 || k > layout.num_experts as u64 => {
+                    let arch = source.gguf().and_then(|m| m.get("general.architecture")).and_then(|v| v.as_str()).unwrap_or("");
                     return Err(layout_err(format!(
-                        "GGUF metadata expert_used_count is {k}, not between 1 and the expert count {}: give the real value with top_k=N",
+                        "GGUF metadata {arch}.expert_used_count is {k}, not between 1 and the expert count {}: give the real value with top_k=N",
                         layout.num_experts
                     )));
                 }

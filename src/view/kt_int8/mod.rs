@@ -118,8 +118,7 @@ struct Experts {
 /// Caps on what a source may declare before anything is allocated from it. The largest
 /// public MoE checkpoints stay far below them (DeepSeek V4: 61 layers x 256 experts of
 /// 7168 x 2048; Kimi K2/K3: 61-93 layers x 384-896 experts).
-pub const MAX_LAYER_INDEX: u64 = 4095;
-pub const MAX_EXPERTS: u64 = 65536;
+pub use super::{MAX_EXPERTS, MAX_LAYER_INDEX};
 /// Elements of one expert matrix (decoded to f32 whole: 1 GiB).
 pub const MAX_MATRIX_ELEMENTS: u64 = 1 << 28;
 /// Files of the tree (layers x experts x 3 projections x NUMA parts x 2).
@@ -151,13 +150,8 @@ struct Found {
     experts: u64,
 }
 
-/// An expert or layer index as written in a tensor name: decimal, no leading zeros, at most
-/// `max`.
 fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u64, ViewError> {
-    match v.parse::<u64>() {
-        Ok(x) if x <= max && (v == "0" || !v.starts_with('0')) => Ok(x),
-        _ => Err(err(format!("{name}: {what} index {v:?} is not a number from 0 to {max}"))),
-    }
+    super::name_index(name, what, v, max).map_err(err)
 }
 
 /// The shape of `t` if it has rank `n` and no zero dimension.
@@ -286,7 +280,7 @@ fn dimensions(found: &[Found]) -> Result<(u64, u64), ViewError> {
         let want = if f.role == 2 { (hidden, inter) } else { (inter, hidden) };
         if (f.rows, f.cols) != want {
             return Err(err(format!(
-                "{}: a {} matrix of {}x{}, but {} makes gate/up {inter}x{hidden} and down {hidden}x{inter} (rows x columns)",
+                "{}: the {} matrix is {}x{}, but {} makes gate/up {inter}x{hidden} and down {hidden}x{inter} (rows x columns)",
                 f.name, PROJS[f.role], f.rows, f.cols, first.name
             )));
         }
@@ -662,15 +656,15 @@ mod tests {
 
         let mut down_like_gate = good(1, 2);
         down_like_gate[2].1 = vec![128, 64];
-        assert!(rule(down_like_gate).contains("a down matrix of 128x64"), "down shaped like gate");
+        assert!(rule(down_like_gate).contains("the down matrix is 128x64"), "down shaped like gate");
         let mut swapped_layer = good(2, 1);
         for t in swapped_layer.iter_mut().skip(3) {
             t.1.reverse();
         }
-        assert!(rule(swapped_layer).contains("model.layers.1.mlp.experts.0.gate_proj.weight: a gate matrix of 64x128"));
+        assert!(rule(swapped_layer).contains("model.layers.1.mlp.experts.0.gate_proj.weight: the gate matrix is 64x128"));
         let mut up_differs = good(1, 1);
         up_differs[1].1 = vec![192, 64];
-        assert!(rule(up_differs).contains("up matrix of 192x64"));
+        assert!(rule(up_differs).contains("up matrix is 192x64"));
         let mut gap = good(1, 3);
         gap.retain(|t| !t.0.contains(".experts.1."));
         assert!(rule(gap).contains("layer 0 has no gate projection for expert(s) 1"));
