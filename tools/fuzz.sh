@@ -2,7 +2,7 @@
 # Run every fuzz target (cargo-fuzz / libFuzzer) for a bounded time, seeded with the
 # project's own fixtures. The machine has a stable toolchain only: RUSTC_BOOTSTRAP=1 lets
 # cargo-fuzz use the sanitizer flags it needs.
-#   bash tools/fuzz.sh [SECONDS_PER_TARGET]   (default 30)
+#   bash tools/fuzz.sh [SECONDS_PER_TARGET [TARGET...]]   (default 30 s, every target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-${FUZZ_SECONDS:-30}}"
@@ -11,7 +11,9 @@ export RUSTC_BOOTSTRAP=1
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 targets=(gguf safetensors safetensors_dir int8_manifest imatrix json_caps build_gguf build_safetensors)
-mkdir -p "$corpus"/work; for t in "${targets[@]}"; do mkdir -p "$corpus/$t"; done
+corpora=("${targets[@]}")
+if [ $# -gt 1 ]; then shift; targets=("$@"); fi
+mkdir -p "$corpus"/work; for t in "${corpora[@]}"; do mkdir -p "$corpus/$t"; done
 # Seeds: the fixtures and the hostile corpora (regular files under 1 MiB: libFuzzer's input
 # size follows its largest seed).
 seed() { find "$1" -maxdepth 1 -type f -size -1024k -name "$2" -exec cp {} "$corpus/$3/" \; ; }
@@ -51,6 +53,11 @@ target/release/xpackfs materialize samples/sample-moe.gguf --out "$corpus/work/i
   -o view=kt-int8,digest_store=none >/dev/null 2>&1 || cargo run --release --quiet -- materialize samples/sample-moe.gguf \
   --out "$corpus/work/int8" --margin-gib 0 -o view=kt-int8,digest_store=none >/dev/null 2>&1
 cp "$corpus/work/int8/kt-weight-manifest.json" "$corpus/int8_manifest/"
+# The view builders' checkpoint directories: the V4 fixture, the HF one above and every
+# hostile safetensors directory, each packed into one input.
+cp "$corpus/safetensors_dir/hf" "$corpus/build_safetensors/"
+python3 tools/fuzz_pack_dir.py "$corpus/build_safetensors" "$corpus/work/v4" "$corpus"/work/st/dir/* >/dev/null
+cp "$corpus"/build_safetensors/* "$corpus/safetensors_dir/"
 for target in "${targets[@]}"; do
   echo "== fuzz $target for ${seconds}s"
   log="$corpus/work/fuzz-$target.log"
