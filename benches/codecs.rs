@@ -103,7 +103,9 @@ fn main() {
     println!("(machine load during the run: {})", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
 
     table.header("quantisers", "million weights/s", "ggml");
-    let cases: [(&str, QuantType, &[u8], Option<&[f32]>); 6] = [
+    // (label, type, the ggml symbol, importance)
+    type Case<'a> = (&'a str, QuantType, &'a [u8], Option<&'a [f32]>);
+    let cases: [Case; 6] = [
         ("Q8_0", QuantType::Q8_0, b"quantize_q8_0", None),
         ("Q2_K (reference path)", QuantType::Q2K, b"quantize_q2_K", None),
         ("Q2_K (unit importance)", QuantType::Q2K, b"quantize_q2_K", Some(&unit)),

@@ -168,6 +168,7 @@ fn o_direct_aligned_ranges_and_concurrent_random_reads() {
     // mmap of the whole file.
     {
         let f = std::fs::File::open(&pack).unwrap();
+        // SAFETY: a read-only mapping of a file nothing truncates while the test reads it.
         let map = unsafe { memmap2::Mmap::map(&f).unwrap() };
         assert!(map[..] == expected[..]);
     }
@@ -189,6 +190,7 @@ fn o_direct_aligned_ranges_and_concurrent_random_reads() {
                     let n = f.read_at(&mut buf, off as u64).unwrap();
                     let want = &expected[off..(off + len).min(expected.len())];
                     assert_eq!(&buf[..n], want);
+                    // SAFETY: posix_fadvise on an open descriptor; no memory is passed.
                     unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&*f), 0, 0, libc::POSIX_FADV_DONTNEED) };
                 }
             });
@@ -311,6 +313,7 @@ fn foreground_sigterm_unmounts_and_exits_zero() {
     let mut child = Command::new(bin()).arg("mount").arg(sample()).arg(&mnt).args(["-f", "-o", "digest_store=none"]).spawn().unwrap();
     wait_until("foreground mount", Duration::from_secs(20), || mounts_line(&mnt).is_some());
     assert!(std::fs::metadata(mnt.join("sample-moe.pack")).is_ok());
+    // SAFETY: kill() takes plain integers; the pid is a child this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");

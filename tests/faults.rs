@@ -72,6 +72,7 @@ fn a_killed_daemon_does_not_wedge_the_mountpoint() {
         .collect();
     assert_eq!(pids.len(), 1);
     for p in &pids {
+        // SAFETY: kill() takes plain integers; the pid is a child this test started.
         unsafe { libc::kill(*p as i32, libc::SIGKILL) };
     }
     wait_until("auto_unmount after kill -9", Duration::from_secs(10), || mounts_line(&m.mountpoint).is_none());
@@ -84,6 +85,7 @@ fn a_killed_daemon_does_not_wedge_the_mountpoint() {
     let (_dir, src, _log) = setup();
     let m = Mount::new(&src, &[]);
     for p in live_processes_mentioning(&m.mountpoint.to_string_lossy()) {
+        // SAFETY: kill() takes plain integers; the pid is a child this test started.
         unsafe { libc::kill(p as i32, libc::SIGKILL) };
     }
     wait_until("daemon gone", Duration::from_secs(10), || live_processes_mentioning(&m.mountpoint.to_string_lossy()).is_empty());

@@ -141,8 +141,9 @@ fn spawn(cmd: &mut Command, dir: &Path) -> i32 {
 /// Non-blocking reap: Some((status, maxrss_kb)) once the child has ended.
 fn try_reap(pid: i32) -> Option<(i32, u64)> {
     let mut status = 0;
-    // SAFETY: plain syscall on our own child, with valid out-pointers.
+    // SAFETY: rusage is plain old data, for which all zeros is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall on our own child, with valid out-pointers.
     let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
     (r == pid).then_some((status, ru.ru_maxrss as u64))
 }

@@ -353,7 +353,9 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
     let data_start = m["expert_pack"]["data_start"].as_u64().unwrap() as usize;
     let last = good.len() - 100; // in the last entry, one of the 6 samples
     let unsampled = data_start + 77824 + 100; // in entry 3 (layer 1, expert 1, up): not sampled
-    let cases: [(&str, Box<dyn Fn(&mut Vec<u8>)>, &str, Option<&str>); 4] = [
+    // (what is damaged, the damage, the sampled check's refusal, the full check's refusal)
+    type Case<'a> = (&'a str, Box<dyn Fn(&mut Vec<u8>)>, &'a str, Option<&'a str>);
+    let cases: [Case; 4] = [
         ("index", Box::new(|b| b[40 + 152 * 5 + 133] ^= 1), "reserved entry field must be zero", Some("reserved entry field must be zero")),
         ("sampled payload", Box::new(move |b| b[last] ^= 1), "payload does not match GGUF source", Some("payload does not match GGUF source")),
         ("trailing bytes", Box::new(|b| b.extend_from_slice(&[0; 8])), "unexplained trailing bytes: 8", Some("unexplained trailing bytes: 8")),

@@ -203,9 +203,12 @@ fn existing_trees_mount_read_only_after_validation() {
     let mapped = {
         let f = std::fs::File::open(m.path(probe)).unwrap();
         let len = f.metadata().unwrap().len() as usize;
+        // SAFETY: a read-only shared mapping of an open file, of its length; checked against MAP_FAILED below.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&f), 0) };
         assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: `p` maps `len` readable bytes until the munmap below.
         let v = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
+        // SAFETY: `p` and `len` are the mapping made above, no longer referenced.
         unsafe { libc::munmap(p, len) };
         v
     };
@@ -216,6 +219,7 @@ fn existing_trees_mount_read_only_after_validation() {
     let victim = "_layer_2/_numa_1/INT8_down_7_16384Byte_quant_.kt";
     {
         let f = std::fs::File::open(m.path(victim)).unwrap();
+        // SAFETY: posix_fadvise on an open descriptor; no memory is passed.
         unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, libc::POSIX_FADV_DONTNEED) };
     }
     let mut b = std::fs::read(tree.join(victim)).unwrap();
@@ -252,6 +256,7 @@ fn without_passthrough_a_file_changed_while_open_reads_eio() {
     let f = std::fs::File::open(m.path(victim)).unwrap();
     let mut head = [0u8; 4096];
     f.read_exact_at(&mut head, 0).unwrap();
+    // SAFETY: posix_fadvise on an open descriptor; no memory is passed.
     unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, libc::POSIX_FADV_DONTNEED) };
     let mut b = std::fs::read(tree.join(victim)).unwrap();
     b[8192] ^= 0xFF;

@@ -80,7 +80,7 @@ fn kill_9_at_several_points_then_resume_gives_identical_bytes() {
         let mut child = cmd.stderr(std::process::Stdio::null()).spawn().unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
         if child.try_wait().unwrap().is_none() {
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.kill();
             kills += 1;
         }
         let _ = child.wait();
@@ -111,7 +111,7 @@ fn refuses_to_overwrite_and_detects_a_changed_source_across_resume() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(150));
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.kill();
     let _ = child.wait();
     // Touching the source changes its identity: resume refuses.
     let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();

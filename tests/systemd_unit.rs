@@ -52,6 +52,7 @@ fn unit_execstart_notifies_ready_after_mount_and_stops_cleanly() {
     // READY=1 means the mount is live.
     assert!(mounts_line(&mnt).is_some_and(|l| l.contains("fuse.xpackfs")), "READY=1 before the mount was live");
     assert_eq!(std::fs::metadata(mnt.join("sample-moe.pack")).unwrap().len(), 1302528);
+    // SAFETY: kill() takes plain integers; the pid is a child this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let n = sock.recv(&mut buf).expect("no STOPPING notification");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));

@@ -77,7 +77,7 @@ pub struct SourceDigests {
 /// Which tensors get per-slice digests, and how many slices.
 pub fn expert_slices(t: &crate::source::TensorInfo) -> Option<u64> {
     let n = *t.shape.get(2)?;
-    (t.shape.len() == 3 && t.name.ends_with("_exps.weight") && n > 0 && t.nbytes % n == 0).then_some(n)
+    (t.shape.len() == 3 && t.name.ends_with("_exps.weight") && n > 0 && t.nbytes.is_multiple_of(n)).then_some(n)
 }
 
 pub fn file_records(source: &Source) -> Vec<FileRecord> {
@@ -149,10 +149,9 @@ fn obtain_where(
             d
         }
     };
-    if let Some(expected) = expected_source_sha256 {
-        if !expected.eq_ignore_ascii_case(&digests.source_sha256) {
+    if let Some(expected) = expected_source_sha256
+        && !expected.eq_ignore_ascii_case(&digests.source_sha256) {
             return Err(DigestError::Mismatch { expected: expected.to_string(), actual: digests.source_sha256 });
         }
-    }
     Ok(digests)
 }

@@ -41,7 +41,7 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
             name: &t.name,
             start: t.offset,
             end: t.offset + t.nbytes,
-            slice_bytes: if n > 0 { t.nbytes / n } else { 0 },
+            slice_bytes: t.nbytes.checked_div(n).unwrap_or(0),
             hasher: Sha256::new(),
             slice: Sha256::new(),
             slices: Vec::new(),
@@ -111,7 +111,8 @@ pub fn compute(source: &Source) -> Result<SourceDigests, DigestError> {
                         if r.slice_bytes > 0 {
                             let mut pos = a;
                             while pos < b {
-                                let slice_end = r.start + ((pos - r.start) / r.slice_bytes + 1) * r.slice_bytes;
+                                let slice_no = (pos - r.start).checked_div(r.slice_bytes).unwrap_or(0);
+                                let slice_end = r.start + (slice_no + 1) * r.slice_bytes;
                                 let upto = slice_end.min(b);
                                 r.slice.update(&buf[(pos - off) as usize..(upto - off) as usize]);
                                 if upto == slice_end {

@@ -500,7 +500,10 @@ pub fn build(source: &Source, ctx: &super::Context) -> Result<Tree, ViewError> {
 
 /// One `non-expert-NNN.safetensors` per source shard that contributes tensors (in sorted
 /// order), and the index's weight map.
-fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], tiers: &Arc<Tiers>) -> Result<(Vec<(String, Arc<VirtualFile>)>, serde_json::Map<String, Value>), ViewError> {
+/// Files by name.
+type NamedFiles = Vec<(String, Arc<VirtualFile>)>;
+
+fn shards(source: &Source, cfg: &V4Config, planned: &[Planned], tiers: &Arc<Tiers>) -> Result<(NamedFiles, serde_json::Map<String, Value>), ViewError> {
     let file_keys = source_file_keys(&source.files);
     let mut by_file: BTreeMap<usize, Vec<&Planned>> = BTreeMap::new();
     for p in planned {

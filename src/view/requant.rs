@@ -293,7 +293,7 @@ fn plan(source: &Source, weight_map: &Map<String, Value>, recipe: &Options) -> R
             if k == 0 {
                 return Err(err(format!("{name}: rows of 0 values")));
             }
-            if k % g.block_size != 0 {
+            if !k.is_multiple_of(g.block_size) {
                 return Err(err(format!("{name}: {k} is not a multiple of {}", g.block_size)));
             }
             let shape = vec![t.shape[0], k / g.block_size * g.type_size];

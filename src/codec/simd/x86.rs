@@ -159,6 +159,8 @@ macro_rules! simd_fns {
         $(
             #[inline(always)]
             fn $name $(<const $c: u32>)? (self, $($a: $t),*) -> $r {
+                // SAFETY: see above: the features were detected by `new()`, and the body
+                // bounds-checks every slice before taking a pointer.
                 #[allow(unused_unsafe)]
                 unsafe { $body }
             }

@@ -153,14 +153,13 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
     }
     let mut found: BTreeMap<(u32, usize), usize> = BTreeMap::new();
     for (i, t) in source.tensors.iter().enumerate() {
-        if let Some(key) = parse_expert_name(&t.name) {
-            if let Some(prev) = found.insert(key, i) {
+        if let Some(key) = parse_expert_name(&t.name)
+            && let Some(prev) = found.insert(key, i) {
                 return Err(layout_err(format!(
                     "duplicate routed-expert tensor for layer {} role {}: {:?} and {:?}",
                     key.0, ROLE_NAMES[key.1], source.tensors[prev].name, t.name
                 )));
             }
-        }
     }
     if found.is_empty() {
         return Err(layout_err("the source has no routed-expert tensors named blk.N.ffn_{gate,up,down}_exps.weight"));
@@ -171,11 +170,10 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
         return Err(layout_err(format!("{name}: layer index {last} is beyond any real model (at most {})", super::MAX_LAYER_INDEX)));
     }
     let num_layers = last + 1;
-    if let Some(n) = opts.num_layers {
-        if n != num_layers {
+    if let Some(n) = opts.num_layers
+        && n != num_layers {
             return Err(option_err("num_layers", format!("{n} disagrees with the source, whose expert tensors cover layers 0..{num_layers}")));
         }
-    }
     let mut roles = Vec::with_capacity(num_layers as usize);
     let mut missing = Vec::new();
     for layer in 0..num_layers {
@@ -212,7 +210,7 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
             }
             _ => {}
         }
-        if e == 0 || t.nbytes % e != 0 {
+        if e == 0 || !t.nbytes.is_multiple_of(e) {
             return Err(layout_err(format!("{}: {} bytes do not split evenly into {e} experts", t.name, t.nbytes)));
         }
         let slice = t.nbytes / e;
@@ -247,23 +245,19 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
     if num_experts > u16::MAX as u32 + 1 || num_layers > u16::MAX as u32 + 1 {
         return Err(layout_err("layer and expert numbers must fit the index's u16 fields"));
     }
-    if let Some(n) = opts.num_experts {
-        if n != num_experts {
+    if let Some(n) = opts.num_experts
+        && n != num_experts {
             return Err(option_err("num_experts", format!("{n} disagrees with the source's expert tensors, which hold {num_experts}")));
         }
-    }
-    if let Some(meta) = source.gguf() {
-        if let Some(n) = meta.arch_u64("expert_count") {
-            if n != num_experts as u64 {
+    if let Some(meta) = source.gguf()
+        && let Some(n) = meta.arch_u64("expert_count")
+            && n != num_experts as u64 {
                 return Err(layout_err(format!("metadata expert_count is {n} but the expert tensors hold {num_experts} experts")));
             }
-        }
-    }
-    if let Some(k) = opts.top_k {
-        if k == 0 || k > num_experts {
+    if let Some(k) = opts.top_k
+        && (k == 0 || k > num_experts) {
             return Err(option_err("top_k", format!("{k} must be between 1 and the expert count {num_experts}")));
         }
-    }
     let role_nbytes = role_nbytes.unwrap().0;
     let object_count = num_layers as u64 * num_experts as u64;
     let index_count = object_count * 3;

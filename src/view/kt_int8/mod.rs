@@ -174,7 +174,7 @@ fn gguf_experts(source: &Source, t: &TensorInfo, layer: u32, role: usize) -> Res
         return Err(err(format!("{}: layer {layer} / {e} experts exceed the caps ({MAX_LAYER_INDEX}, {MAX_EXPERTS})", t.name)));
     }
     let slice = t.nbytes / e;
-    if t.nbytes % e != 0 || rows.checked_mul(cols).and_then(|x| ty.row_bytes(x)) != Some(slice) {
+    if !t.nbytes.is_multiple_of(e) || rows.checked_mul(cols).and_then(|x| ty.row_bytes(x)) != Some(slice) {
         return Err(err(format!("{}: {} bytes are not {e} experts of {rows}x{cols} {}", t.name, t.nbytes, ty.name)));
     }
     let (f, off) = (source.files[t.file].clone(), t.offset);
@@ -513,12 +513,14 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
         return Err(ViewError::Option { option: "numa_count", rule: format!("{numa} does not divide the intermediate size {i}") });
     }
     let il = i / numa;
-    if h % 64 != 0 || il % 64 != 0 {
+    if h % 64 != 0 || !il.is_multiple_of(64) {
         return Err(err(format!("{} needs hidden ({h}) and intermediate/numa ({il}) to be multiples of 64", kt_int8::LAYOUT)));
     }
     let layers: BTreeSet<u64> = ex.mats.keys().map(|k| k.0).collect();
     let mut tree = Tree::new();
-    let mut layer_files: Vec<(u64, Vec<(String, Arc<VirtualFile>)>)> = Vec::new();
+    // Per layer, its files by name.
+    type LayerFiles = Vec<(u64, Vec<(String, Arc<VirtualFile>)>)>;
+    let mut layer_files: LayerFiles = Vec::new();
     for &l in &layers {
         let ldir = tree.add_dir(ROOT_INO, &format!("_layer_{l}"));
         let ndirs: Vec<_> = (0..numa).map(|n| tree.add_dir(ldir, &format!("_numa_{n}"))).collect();
@@ -541,7 +543,7 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
                         let size = src.0.part_len(2 * n + kind_i);
                         let fname = format!("INT8_{proj}_{x}_{size}Byte_{kind}_.kt");
                         let mut f = VirtualFile::new();
-                        f.push(Extent::Computed { source: src.clone(), id: (2 * n + kind_i) as u64, len: size as u64 });
+                        f.push(Extent::Computed { source: src.clone(), id: (2 * n + kind_i) as u64, len: size });
                         let f = Arc::new(f);
                         tree.add_file_arc(ndirs[n], &fname, f.clone());
                         files_n.push((format!("_layer_{l}/_numa_{n}/{fname}"), f));
