@@ -11,25 +11,27 @@ pub fn scratch() -> PathBuf {
 /// Build every checkpoint view of the input at `path` through the registry, as a mount
 /// would (digests remembered nowhere, memory cache only, one compute thread), and read the
 /// first and last 4 KiB of every file, so that planners and the first chunk of every codec
-/// path run on fuzzed headers. Errors are the expected outcome; a panic is a finding.
+/// path run on fuzzed headers. Errors are the expected outcome; a panic is a finding. One
+/// context (and so one set of compute threads) serves every run, as in a daemon: threads
+/// that ended between runs would be reported as leaks.
 pub fn build_every_view(path: &std::path::Path, location: &std::path::Path) {
     use std::sync::OnceLock;
     use xpackfs::view::{self, Context, Input, Purpose, ViewOptions};
-    static BASE: OnceLock<ViewOptions> = OnceLock::new();
-    let base = BASE.get_or_init(|| {
+    static BASE: OnceLock<(ViewOptions, Context)> = OnceLock::new();
+    let (base, ctx) = BASE.get_or_init(|| {
         let mut o = ViewOptions::default();
         o.digest_store = Some("none".into());
         o.cache_mb = 16;
         o.tiers.compute_threads = Some(1);
-        o
+        let ctx = Context::new(Purpose::Mount, location.to_path_buf(), "fuzz".into(), &o).expect("default options make a context");
+        (o, ctx)
     });
     // Every view the registry lists except the INT8 tree (which reads trees, not checkpoints).
     for name in view::VIEWS.iter().map(|v| v.name()).filter(|n| *n != "int8-tree") {
         let Ok(input) = Input::open(path) else { return };
         let mut opts = base.clone();
         opts.view = name.into();
-        let Ok(ctx) = Context::new(Purpose::Mount, location.to_path_buf(), "fuzz".into(), &opts) else { return };
-        if let Ok(built) = view::build(input, &opts, &ctx) {
+        if let Ok(built) = view::build(input, &opts, ctx) {
             read_ends(&built.tree);
         }
     }
