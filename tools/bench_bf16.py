@@ -54,6 +54,7 @@ def main() -> int:
     ap.add_argument("--inter", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--variant", default="v4")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="compute_threads of the mount (default: every core)")
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,7 +70,7 @@ def main() -> int:
         results = {}
         for label in ["cold", "warm"]:
             if label == "cold":
-                subprocess.run([args.xpackfs, "mount", str(src), str(mnt), "-o", f"digest_store=none,cache_mb=4096"],
+                subprocess.run([args.xpackfs, "mount", str(src), str(mnt), "-o", f"digest_store=none,cache_mb=4096,compute_threads={args.threads}"],
                                check=True, stderr=subprocess.DEVNULL)
             t0 = time.perf_counter()
             total = 0

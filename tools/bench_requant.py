@@ -21,6 +21,8 @@ def main() -> int:
     ap.add_argument("--inter", default="1024")
     ap.add_argument("--experts", default="8")
     ap.add_argument("--layers", default="2")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="compute_threads of the mount and --jobs of the seed (default: every core)")
     ap.add_argument("--seeds", default=str(REPO.parent / "shared" / "seeds"))
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     a = ap.parse_args()
@@ -30,10 +32,10 @@ def main() -> int:
         subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(src), "--variant", "v41",
                         "--hidden", a.hidden, "--inter", a.inter, "--experts", a.experts, "--layers", a.layers], check=True)
         r = subprocess.run([sys.executable, str(REPO / "tools/run_seed_requant.py"), "--seeds", a.seeds, "--source", str(src),
-                            "--out", str(out), "--ggml-lib", lib, "--jobs", "2"], check=True, capture_output=True, text=True)
+                            "--out", str(out), "--ggml-lib", lib, "--jobs", str(a.threads)], check=True, capture_output=True, text=True)
         seed_s = float(r.stdout.strip().splitlines()[-1])
         mnt.mkdir()
-        subprocess.run([a.xpackfs, "mount", str(src), str(mnt), "-o", "view=requant,digest_store=none,cache_mb=4096"],
+        subprocess.run([a.xpackfs, "mount", str(src), str(mnt), "-o", f"view=requant,digest_store=none,cache_mb=4096,compute_threads={a.threads}"],
                        check=True, stderr=subprocess.DEVNULL)
         try:
             t0 = time.perf_counter()
@@ -47,8 +49,8 @@ def main() -> int:
         finally:
             subprocess.run(["umount", str(mnt)], check=True)
         print(f"quantised shards: {total / 1e6:.1f} MB (identical to the seed's: {same})")
-        print(f"seed convert --jobs 2:        {seed_s:7.2f} s  ({total / 1e6 / seed_s:7.1f} MB/s of output)")
-        print(f"xpackfs view, cold, 2 cores:  {view_s:7.2f} s  ({total / 1e6 / view_s:7.1f} MB/s of output)  "
+        print(f"seed convert --jobs {a.threads}:        {seed_s:7.2f} s  ({total / 1e6 / seed_s:7.1f} MB/s of output)")
+        print(f"xpackfs view, cold, {a.threads} threads: {view_s:7.2f} s  ({total / 1e6 / view_s:7.1f} MB/s of output)  "
               f"{seed_s / view_s:.2f}x the seed")
     return 0
 

@@ -15,6 +15,10 @@
 //! tensor inside the file and no two tensors overlapping; the parts of a split set name
 //! themselves consistently (`split.no`, `split.count`, and `split.tensors.count` and
 //! `general.architecture` where stated).
+//!
+//! No indexing that could panic (`clippy::indexing_slicing` is denied here): every byte of
+//! the header is reached through checked reads.
+#![deny(clippy::indexing_slicing)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -119,7 +123,8 @@ pub struct GgufMeta {
 impl GgufMeta {
     /// Metadata of the first file (split files repeat the model's keys in the first one).
     pub fn metadata(&self) -> &BTreeMap<String, MetaValue> {
-        &self.headers[0].metadata
+        static NONE: BTreeMap<String, MetaValue> = BTreeMap::new();
+        self.headers.first().map_or(&NONE, |h| &h.metadata)
     }
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.metadata().get(key)
@@ -158,8 +163,8 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
         let (header, file_tensors) = parse_file(&file, index, logical_base, limits)?;
         if paths.len() > 1 {
             check_split_keys(p, &header, index as u64, paths.len() as u64)?;
-            if let Some(first) = headers.first() {
-                check_same_set(p, &paths[0], first, &header)?;
+            if let (Some(first), Some(first_path)) = (headers.first(), paths.first()) {
+                check_same_set(p, first_path, first, &header)?;
             }
         }
         for t in file_tensors {
@@ -175,10 +180,11 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
         files.push(file);
     }
     if paths.len() > 1
-        && let Some(total) = headers[0].metadata.get("split.tensors.count").and_then(MetaValue::as_u64)
+        && let (Some(first), Some(first_path)) = (headers.first(), paths.first())
+        && let Some(total) = first.metadata.get("split.tensors.count").and_then(MetaValue::as_u64)
         && total != tensors.len() as u64
     {
-        return Err(SourceError::format(&paths[0], format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len())));
+        return Err(SourceError::format(first_path, format!("split.tensors.count is {total} but the set holds {} tensors", tensors.len())));
     }
     Ok(Source { files, kind: SourceKind::Gguf(GgufMeta { headers }), tensors })
 }
@@ -288,15 +294,19 @@ impl<'a> Cursor<'a> {
             let want = end.max((self.buf.len() as u64 + (1 << 20)).min(self.limit));
             let start = self.buf.len();
             self.buf.resize(want as usize, 0);
-            self.file.read_exact_at(&mut self.buf[start..], start as u64)?;
+            if let Some(fresh) = self.buf.get_mut(start..) {
+                self.file.read_exact_at(fresh, start as u64)?;
+            }
         }
-        let slice = &self.buf[self.pos as usize..end as usize];
+        let (from, to) = (self.pos as usize, end as usize);
         self.pos = end;
-        Ok(slice)
+        // In range: `end` was checked against the buffer (grown to it) above.
+        self.buf.get(from..to).ok_or_else(|| SourceError::format(self.file.path(), format!("internal: header read {from}..{to} past the buffer")))
     }
 
     fn u8(&mut self, what: &str) -> Result<u8, SourceError> {
-        Ok(self.take(1, what)?[0])
+        let b = self.take(1, what)?.first().copied();
+        b.ok_or_else(|| self.err(format!("truncated: {what}")))
     }
     fn u16(&mut self, what: &str) -> Result<u16, SourceError> {
         Ok(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap()))
@@ -496,15 +506,18 @@ pub fn parse_file(
     for r in raw {
         let ggml_type = GgmlType::from_id(r.type_id)
             .ok_or_else(|| SourceError::tensor(path, &r.name, format!("unknown ggml type id {}", r.type_id)))?;
+        let Some((&ne0, higher)) = r.shape.split_first() else {
+            return Err(SourceError::tensor(path, &r.name, "a tensor needs at least one dimension"));
+        };
         let mut rows = 1u64;
-        for &d in &r.shape[1..] {
+        for &d in higher {
             rows = rows.checked_mul(d).ok_or_else(|| SourceError::tensor(path, &r.name, "element count overflows"))?;
         }
-        let row_bytes = ggml_type.row_bytes(r.shape[0]).ok_or_else(|| {
+        let row_bytes = ggml_type.row_bytes(ne0).ok_or_else(|| {
             SourceError::tensor(
                 path,
                 &r.name,
-                format!("first dimension {} is not a multiple of the {} block size {}", r.shape[0], ggml_type, ggml_type.block_size),
+                format!("first dimension {ne0} is not a multiple of the {} block size {}", ggml_type, ggml_type.block_size),
             )
         })?;
         let nbytes = row_bytes
@@ -538,12 +551,11 @@ pub fn parse_file(
     let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
     by_offset.sort_by_key(|t| (t.offset, t.nbytes));
     for pair in by_offset.windows(2) {
-        if pair[0].nbytes > 0 && pair[1].offset < pair[0].offset + pair[0].nbytes {
-            return Err(SourceError::tensor(
-                path,
-                &pair[1].name,
-                format!("data at {} overlaps tensor {:?} ending at {}", pair[1].offset, pair[0].name, pair[0].offset + pair[0].nbytes),
-            ));
+        if let [a, b] = pair
+            && a.nbytes > 0
+            && b.offset < a.offset + a.nbytes
+        {
+            return Err(SourceError::tensor(path, &b.name, format!("data at {} overlaps tensor {:?} ending at {}", b.offset, a.name, a.offset + a.nbytes)));
         }
     }
 
@@ -551,6 +563,7 @@ pub fn parse_file(
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

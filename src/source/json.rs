@@ -3,6 +3,9 @@
 //! by a first pass that allocates nothing, before the document is built as a
 //! [`serde_json::Value`] (whose size is about 100 bytes per value, so the value cap is what
 //! bounds memory). Nesting is bounded by serde_json's recursion limit (128).
+//!
+//! No indexing that could panic here (`clippy::indexing_slicing` is denied).
+#![deny(clippy::indexing_slicing)]
 
 use std::cell::Cell;
 use std::io::Read;
@@ -120,6 +123,7 @@ pub fn read_capped(path: &Path, max_bytes: u64, max_values: u64) -> Result<serde
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

@@ -118,8 +118,8 @@ impl Source {
 
     /// A short name for the source, used to name views (file stem without split suffix).
     pub fn stem(&self) -> String {
-        let first = self.files[0].path();
-        let stem = first.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        let first = self.files.first().map(|f| f.path());
+        let stem = first.and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         match gguf::split_parts(&stem) {
             Some((prefix, _, _)) => prefix.to_string(),
             None => stem,

@@ -12,6 +12,9 @@
 //! names (nothing can point outside the directory). Only headers are read, with `pread`.
 //! Every file (shard, index, `config.json`) must be a regular file after resolving symlinks
 //! (a Hugging Face cache links shards to blobs); anything else is refused before it is opened.
+//!
+//! No indexing that could panic here (`clippy::indexing_slicing` is denied).
+#![deny(clippy::indexing_slicing)]
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -359,6 +362,7 @@ pub fn by_shard(source: &Source) -> BTreeMap<usize, Vec<&TensorInfo>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

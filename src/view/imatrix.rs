@@ -14,6 +14,8 @@
 //! The file must be a regular file (a FIFO or a device is refused before it is opened); it
 //! is hashed in a streaming pass; declared counts are capped before anything is allocated
 //! from them; counts and importances must be finite numbers in 0..=1e30.
+//! No indexing that could panic here (`clippy::indexing_slicing` is denied).
+#![deny(clippy::indexing_slicing)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -82,8 +84,9 @@ impl Imatrix {
             let mut off = 0u64;
             while off < file.size() {
                 let n = (file.size() - off).min(buf.len() as u64) as usize;
-                file.read_exact_at(&mut buf[..n], off).map_err(src_err)?;
-                h.update(&buf[..n]);
+                let Some(piece) = buf.get_mut(..n) else { break };
+                file.read_exact_at(piece, off).map_err(src_err)?;
+                h.update(&*piece);
                 off += n as u64;
             }
             crate::digest::hex(&h.finalize())
@@ -107,7 +110,7 @@ impl Imatrix {
             if t.dtype.ggml().map(|g| g.name) != Some("F32") || counts.dtype.ggml().map(|g| g.name) != Some("F32") {
                 return Err(err(path, format!("{name}: sums and counts must be F32")));
             }
-            let ne0 = t.shape[0];
+            let ne0 = t.shape.first().copied().unwrap_or(0);
             if ne0 == 0 || ne0 > MAX_ROW_LEN {
                 return Err(err(path, format!("{name}: rows of {ne0} values, outside 1..={MAX_ROW_LEN}")));
             }
@@ -121,8 +124,8 @@ impl Imatrix {
             let mut c = vec![0u8; counts.nbytes as usize];
             file.read_exact_at(&mut c, counts.offset)?;
             let mut divisors = Vec::with_capacity(n_mat as usize);
-            for (j, b) in c.chunks_exact(4).enumerate() {
-                let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            for (j, b) in c.as_chunks::<4>().0.iter().enumerate() {
+                let v = f32::from_le_bytes(*b);
                 if !valid_number(v) {
                     return Err(err(path, format!("{name}: count {v:?} of row {j} {NUMBER_RULE}")));
                 }
@@ -220,14 +223,16 @@ impl Imatrix {
     /// column.
     pub fn row(&self, name: &str, k: usize) -> Result<Vec<f32>, ViewError> {
         let (entry, row) = self.locate(name, k).map_err(|r| err(&self.path, r))?;
-        let e = &self.entries[&entry];
+        let e = self.entries.get(&entry).ok_or_else(|| err(&self.path, format!("internal: no entry {entry}")))?;
         let mut b = vec![0u8; 4 * k];
         self.file.read_exact_at(&mut b, e.sums_offset + row as u64 * k as u64 * 4)?;
-        let divisor = if e.n_mat == 1 { e.divisors[0] } else { e.divisors[row] };
+        let divisor = e.divisors.get(if e.n_mat == 1 { 0 } else { row }).copied().flatten();
         let values: Vec<f32> = b
-            .chunks_exact(4)
+            .as_chunks::<4>()
+            .0
+            .iter()
             .map(|x| {
-                let s = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                let s = f32::from_le_bytes(*x);
                 match (divisor, self.format) {
                     (Some(d), _) => s / d,
                     (None, "gguf") => 1.0,

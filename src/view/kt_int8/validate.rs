@@ -12,6 +12,8 @@
 //! wrapped into a small size that real files could match). When the caller leaves
 //! expectations to the manifest, the root and the manifest are checked first, so a manifest
 //! that cannot be read is reported as such.
+//! No indexing that could panic here (`clippy::indexing_slicing` is denied).
+#![deny(clippy::indexing_slicing)]
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -168,10 +170,10 @@ pub fn sha256_file(path: &Path) -> R<String> {
     let mut buf = vec![0u8; 8 << 20];
     loop {
         let n = f.read(&mut buf).map_err(|e| format!("{}: {e}", path.display()))?;
-        if n == 0 {
-            break;
+        match buf.get(..n) {
+            Some(read) if n > 0 => h.update(read),
+            _ => break,
         }
-        h.update(&buf[..n]);
     }
     Ok(crate::digest::hex(&h.finalize()))
 }
@@ -273,21 +275,21 @@ fn validate_layer(
         if Path::new(&rel).is_absolute() || parts.iter().any(|p| p == "..") {
             return Err(format!("unsafe INT8 manifest path: '{rel}'"));
         }
-        if parts.len() != 3 {
+        let [layer_dir, numa_dir, file_name] = parts.as_slice() else {
             return Err(format!("unexpected INT8 manifest path depth: '{rel}'"));
-        }
-        if parts[0] != format!("_layer_{idx}") {
+        };
+        if *layer_dir != format!("_layer_{idx}") {
             return Err(format!("INT8 manifest path is outside layer {idx}: '{rel}'"));
         }
-        let numa_idx: i64 = match parts[1].strip_prefix("_numa_").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) {
+        let numa_idx: i64 = match numa_dir.strip_prefix("_numa_").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) {
             Some(d) => d.parse().map_err(|_| format!("invalid INT8 NUMA path: '{rel}'"))?,
             None => return Err(format!("invalid INT8 NUMA path: '{rel}'")),
         };
         if !(0..numa).contains(&numa_idx) {
             return Err(format!("out-of-range INT8 NUMA index in '{rel}'"));
         }
-        let Some((proj, expert, encoded, kind)) = parse_kt_name(&parts[2]) else {
-            return Err(format!("unexpected INT8 .kt filename: {}", parts[2]));
+        let Some((proj, expert, encoded, kind)) = parse_kt_name(file_name) else {
+            return Err(format!("unexpected INT8 .kt filename: {file_name}"));
         };
         if expert as i64 >= experts {
             return Err(format!("layer {idx} has out-of-range expert {expert}"));
@@ -298,9 +300,9 @@ fn validate_layer(
         }
         let absolute = root.join(&rel);
         let key = parts.join("/");
-        if !actual_sizes.contains_key(&key) {
+        let Some(&observed) = actual_sizes.get(&key) else {
             return Err(format!("missing or unsafe INT8 manifest file: {}", absolute.display()));
-        }
+        };
         if crate::source::open_regular(&absolute).is_err() {
             return Err(format!("INT8 weight file is not readable: {}", absolute.display()));
         }
@@ -320,7 +322,6 @@ fn validate_layer(
                 "INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}"
             ));
         }
-        let observed = actual_sizes[&key];
         if observed != declared {
             return Err(format!("INT8 manifest size mismatch for {}: expected {declared}, got {observed}", absolute.display()));
         }
