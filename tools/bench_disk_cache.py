@@ -84,7 +84,8 @@ class Bench:
         self.base = "view=requant,digest_store=none"
 
     def mount(self, extra: str = "") -> None:
-        subprocess.run([self.a.xpackfs, "mount", str(self.src), str(self.mnt), "-o", self.base + extra], check=True,
+        subprocess.run([self.a.xpackfs, "mount", str(self.src), str(self.mnt), "-o",
+                        self.base + (f",{self.a.mount_opts}" if self.a.mount_opts else "") + extra], check=True,
                        stderr=subprocess.DEVNULL)
 
     def umount(self) -> None:
@@ -228,6 +229,7 @@ def main() -> int:
     ap.add_argument("--layers", default="2")
     ap.add_argument("--restart-shape", default="5120,2304,4,2", help="hidden,inter,experts,layers of the restart fixture")
     ap.add_argument("--only", default="restart,first,warm,responsive")
+    ap.add_argument("--mount-opts", default="", help="more -o options for every mount (e.g. read_ahead_kb=4096)")
     ap.add_argument("--dir", default=None, help="work directory (default: the system temporary directory)")
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     a = ap.parse_args()
