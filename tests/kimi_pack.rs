@@ -8,7 +8,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Instant;
 
 use common::*;
@@ -26,35 +26,12 @@ fn shards(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-fn harness(args: &[&str]) -> Output {
-    let mut cmd = python();
-    cmd.arg(repo().join("tools/run_sglang_kimi.py")).args(args).env("XPACKFS_SHARED", shared());
-    cmd.output().unwrap()
-}
-
-/// Run SGLang's code; its JSON result.
-fn sglang(args: &[&str]) -> Value {
-    let out = harness(args);
-    assert!(out.status.success(), "SGLang ({args:?}) failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
 fn load(p: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// The fields of the adapter manifest that record when and by what it was made.
-const WHEN_AND_BY_WHAT: [&str; 2] = ["created_at", "sglang_git_sha"];
-
-fn without_when(mut v: Value) -> Value {
-    for k in WHEN_AND_BY_WHAT {
-        assert!(v.as_object_mut().unwrap().remove(k).is_some(), "manifest lacks {k}");
-    }
-    v
 }
 
 fn kimi_opts(dir: &Path, extra: &[&str]) -> Vec<String> {
@@ -80,11 +57,11 @@ fn assert_manifest_is_sglangs(dir: &Path, pack: &Path, ours: &Path, flags: &[&st
     let (config, tok) = (dir.join("config.json"), dir.join("tokenizer"));
     let mut args = vec!["manifest", "--gguf-dir", s(&gguf), "--config", s(&config), "--tokenizer-dir", s(&tok), "--pack", s(pack), "--out", s(&theirs)];
     args.extend_from_slice(flags);
-    sglang(&args);
+    sglang_kimi(&args);
     let (ours_v, theirs_v) = (load(ours), load(&theirs));
     assert_eq!(ours_v["expert_pack"]["path"], s(pack));
     assert_eq!(without_when(ours_v), without_when(theirs_v), "manifest differs from create_manifest's ({flags:?})");
-    sglang(&["text", "--manifest", s(ours)]);
+    sglang_kimi(&["text", "--manifest", s(ours)]);
 }
 
 #[test]
@@ -95,7 +72,7 @@ fn pack_and_manifest_are_sglangs() {
     let gguf = dir.join("gguf");
     let config = dir.join("config.json");
     let written = tmp.path().join("sglang.pack");
-    let written_v = sglang(&["write", "--gguf-dir", s(&gguf), "--config", s(&config), "--out", s(&written), "--relax-audit"]);
+    let written_v = sglang_kimi(&["write", "--gguf-dir", s(&gguf), "--config", s(&config), "--out", s(&written), "--relax-audit"]);
 
     let m = mount(&parts[1], &kimi_opts(&dir, &["model_check=layout"]));
     let pack = m.path("Kimi-K3-fixture.expert-major.pack");
@@ -110,7 +87,7 @@ fn pack_and_manifest_are_sglangs() {
     // Entries are padded to 4 KiB here (21504/28160-byte slices): the zeros are SGLang's too.
     assert_eq!(written_v["object_bytes"], 77312);
 
-    let v = sglang(&["validate", "--gguf-dir", s(&gguf), "--config", s(&config), "--pack", s(&pack), "--full-pack-hash", "--relax-audit"]);
+    let v = sglang_kimi(&["validate", "--gguf-dir", s(&gguf), "--config", s(&config), "--pack", s(&pack), "--full-pack-hash", "--relax-audit"]);
     assert_eq!(v["sha256"], xpackfs::digest::sha256_hex(&theirs).as_str());
     assert_eq!(v["payload_samples_verified"], 6);
     assert_manifest_is_sglangs(&dir, &pack, &manifest, &["--relax-audit"]);
@@ -168,7 +145,7 @@ fn runtime_reader_reads_every_object_as_pread_does() {
     let dir = fixture(tmp.path(), &args);
     let gguf = dir.join("gguf");
     let written = tmp.path().join("sglang.pack");
-    sglang(&["write", "--gguf-dir", s(&gguf), "--config", s(&dir.join("config.json")), "--out", s(&written), "--relax-audit"]);
+    sglang_kimi(&["write", "--gguf-dir", s(&gguf), "--config", s(&dir.join("config.json")), "--out", s(&written), "--relax-audit"]);
     let m = mount(&shards(&dir)[0], &kimi_opts(&dir, &["model_check=layout"]));
     let pack = m.path("kr.expert-major.pack");
     let manifest = m.path("kr.expert-major.pack.manifest.json");
@@ -178,12 +155,12 @@ fn runtime_reader_reads_every_object_as_pread_does() {
         if direct {
             a.push("--direct-io");
         }
-        let r = sglang(&a);
+        let r = sglang_kimi(&a);
         assert_eq!((r["objects_checked"].as_u64(), r["pack_reads"].as_u64()), (Some(32), Some(32)), "{r}");
         assert_eq!(r["pack_read_bytes"].as_u64(), Some(32 * 569344));
     }
     // Unrelaxed, the reader refuses this small model for its layer count, and only for that.
-    let out = harness(&["reader", "--gguf-dir", s(&gguf), "--pack", s(&pack), "--manifest", s(&manifest)]);
+    let out = sglang_kimi_output(&["reader", "--gguf-dir", s(&gguf), "--pack", s(&pack), "--manifest", s(&manifest)]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("Kimi active routed MoE layers must be exactly 1..92"));
     m.unmount();
@@ -225,7 +202,7 @@ fn full_size_audited_set_mounts_at_once_and_sglang_accepts_it() {
     // payload samples) on the mount, and its unmodified runtime reader on its manifest.
     let manifest = m.path("Kimi-K3.expert-major.pack.manifest.json");
     assert_manifest_is_sglangs(&dir, &pack, &manifest, &[]);
-    let r = sglang(&["reader", "--gguf-dir", s(&gguf), "--pack", s(&pack), "--manifest", s(&manifest), "--sample", "3", "--direct-io"]);
+    let r = sglang_kimi(&["reader", "--gguf-dir", s(&gguf), "--pack", s(&pack), "--manifest", s(&manifest), "--sample", "3", "--direct-io"]);
     assert_eq!(r["objects_checked"].as_u64(), Some(80), "{r}");
     m.unmount();
 }
@@ -254,7 +231,7 @@ fn sglang_refuses(dir: &Path, relax: bool, needle: &str) {
     if relax {
         args.push("--relax-audit");
     }
-    let o = harness(&args);
+    let o = sglang_kimi_output(&args);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains(needle), "SGLang did not refuse with {needle:?}: {err}");
 }
@@ -316,7 +293,7 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
     let gguf = dir.join("gguf");
     let config = dir.join("config.json");
     let written = tmp.path().join("sglang.pack");
-    sglang(&["write", "--gguf-dir", s(&gguf), "--config", s(&config), "--out", s(&written), "--relax-audit"]);
+    sglang_kimi(&["write", "--gguf-dir", s(&gguf), "--config", s(&config), "--out", s(&written), "--relax-audit"]);
     let out = tmp.path().join("out");
     let opts = kimi_opts(&dir, &["model_check=layout", "full_source_hashes", "full_pack_hash", "digest_store=none"]).join(",");
     run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[0]).arg("--out").arg(&out).args(["--margin-gib", "0", "--verify", "-o", &opts]));
@@ -367,7 +344,7 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
         std::fs::write(&pack, &bad).unwrap();
         let e = verify(&bad).expect_err(what);
         assert!(e.contains(ours), "{what}: {e}");
-        let o = harness(&["validate", "--gguf-dir", s(&gguf), "--config", s(&config), "--pack", s(&pack), "--full-pack-hash", "--relax-audit"]);
+        let o = sglang_kimi_output(&["validate", "--gguf-dir", s(&gguf), "--config", s(&config), "--pack", s(&pack), "--full-pack-hash", "--relax-audit"]);
         match theirs {
             Some(t) => assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains(t), "{what}: {}", String::from_utf8_lossy(&o.stderr)),
             // SGLang's validator passes it too (6 samples); only the full hash tells.

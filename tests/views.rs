@@ -1,7 +1,8 @@
 //! Every view built through the library and read through `VirtualFile::read_at`, with no
 //! FUSE: the files are copied out by the one read path, then compared with the same peers
 //! the mounted tests use (the seeds, Python safetensors + ml_dtypes, numpy, the reference
-//! ggml, kt-kernel's validator). A mount and a materialized copy read these same bytes.
+//! ggml, kt-kernel's validator, SGLang's Kimi pack writer and manifest). A mount and a
+//! materialized copy read these same bytes.
 
 mod common;
 
@@ -139,4 +140,31 @@ fn int8_tree_serves_the_validated_tree_as_it_is() {
     assert_same_files(tree.path(), out.path());
     let sources: Vec<PathBuf> = built.sources.iter().map(|f| f.path().to_path_buf()).collect();
     assert_eq!(sources.len(), listing(tree.path()).len(), "every file of the tree is a source file");
+}
+
+#[test]
+fn kimi_pack_equals_sglangs_write_and_manifest() {
+    let (src, out, store, theirs) = (tmp(), tmp(), tmp(), tmp());
+    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(src.path()).args(["--layers", "3", "--experts", "4", "--shards", "2"]));
+    let gguf = src.path().join("gguf");
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&gguf).unwrap().map(|e| e.unwrap().path()).collect();
+    parts.sort();
+    let (config, tokenizer) = (src.path().join("config.json"), src.path().join("tokenizer"));
+    let written = theirs.path().join("sglang.pack");
+    let arg = |p: &Path| p.to_str().unwrap().to_string();
+    let (gguf_s, config_s, tok_s, written_s) = (arg(&gguf), arg(&config), arg(&tokenizer), arg(&written));
+    sglang_kimi(&["write", "--gguf-dir", &gguf_s, "--config", &config_s, "--out", &written_s, "--relax-audit"]);
+    let (cfg_o, tok_o) = (format!("model_config={config_s}"), format!("tokenizer_dir={tok_s}"));
+    let built = dump(&parts[1], &["view=kimi-pack", "model_check=layout", &cfg_o, &tok_o], out.path(), out.path(), store.path());
+    assert_eq!(built.view.name(), "kimi-pack");
+    assert_eq!(listing(out.path()), ["Kimi-K3-fixture.expert-major.pack", "Kimi-K3-fixture.expert-major.pack.manifest.json"]);
+    let pack = out.path().join("Kimi-K3-fixture.expert-major.pack");
+    assert!(std::fs::read(&pack).unwrap() == std::fs::read(&written).unwrap(), "the pack differs from write_ggml_moe_pack's");
+    let ours: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("Kimi-K3-fixture.expert-major.pack.manifest.json")).unwrap()).unwrap();
+    assert_eq!(ours["expert_pack"]["path"], arg(&pack).as_str());
+    let theirs_m = theirs.path().join("manifest.json");
+    let (pack_s, theirs_s) = (arg(&pack), arg(&theirs_m));
+    sglang_kimi(&["manifest", "--gguf-dir", &gguf_s, "--config", &config_s, "--tokenizer-dir", &tok_s, "--pack", &pack_s, "--out", &theirs_s, "--relax-audit"]);
+    let theirs_v: serde_json::Value = serde_json::from_slice(&std::fs::read(&theirs_m).unwrap()).unwrap();
+    assert_eq!(without_when(ours), without_when(theirs_v), "the manifest differs from create_manifest's");
 }

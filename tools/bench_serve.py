@@ -366,6 +366,9 @@ def main() -> int:
     ap.add_argument("--no-computed", action="store_true", help="skip the computed views")
     ap.add_argument("--sglang-only", action="store_true", help="only SGLang's pattern and the direct-I/O levers")
     a = ap.parse_args()
+    for path, build in ((a.xpackfs, ["--bin", "xpackfs"]), (a.minipass, ["--example", "minipass"])):
+        if not Path(path).exists():  # the default paths: build what is missing before the first mount
+            subprocess.run(["cargo", "build", "--release", "--quiet", *build], cwd=REPO, check=True)
     sglang_section(a)
     if a.sglang_only:
         return 0

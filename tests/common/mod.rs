@@ -54,6 +54,32 @@ pub fn seed_requant(src: &Path, out: &Path, recipe: &[&str]) {
     );
 }
 
+/// tools/run_sglang_kimi.py (SGLang's Kimi pack code: write, validate, manifest, reader) with
+/// `args`; its output, whatever the status.
+pub fn sglang_kimi_output(args: &[&str]) -> Output {
+    let mut cmd = python();
+    cmd.arg(repo().join("tools/run_sglang_kimi.py")).args(args).env("XPACKFS_SHARED", shared());
+    cmd.output().unwrap()
+}
+
+/// SGLang's Kimi pack code with `args`, which must succeed; its JSON result.
+pub fn sglang_kimi(args: &[&str]) -> serde_json::Value {
+    let out = sglang_kimi_output(args);
+    assert!(out.status.success(), "SGLang ({args:?}) failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The fields of the Kimi adapter manifest that record when and by what it was made.
+pub const WHEN_AND_BY_WHAT: [&str; 2] = ["created_at", "sglang_git_sha"];
+
+/// The manifest without [`WHEN_AND_BY_WHAT`] (each must be there).
+pub fn without_when(mut v: serde_json::Value) -> serde_json::Value {
+    for k in WHEN_AND_BY_WHAT {
+        assert!(v.as_object_mut().unwrap().remove(k).is_some(), "manifest lacks {k}");
+    }
+    v
+}
+
 pub fn python() -> Command {
     Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
 }
