@@ -1,8 +1,9 @@
 //! kt-kernel persistent INT8 (`shared/reference/kt-int8.md`): per-row symmetric INT8 with
 //! fp32 scales, the `kt-int8-n32-k64-vnni-v1` packed layout and its inverse, and the
-//! NUMA split of gate/up (rows) and down (columns). [`quantize_pack_par`] does the
-//! quantisation and packing of a matrix on all cores, 64-row blocks at a time (each block
-//! owns a contiguous range of the packed bytes).
+//! NUMA split of gate/up (rows) and down (columns, read in place with a row stride).
+//! [`quantize_pack_par`] / [`quantize_pack_into`] do the quantisation and packing of a
+//! matrix on all cores, 64-row blocks at a time (each block owns a contiguous range of the
+//! packed bytes).
 
 use super::simd::{self, Level};
 use super::CodecError;
@@ -129,22 +130,36 @@ fn pack_block(q: &[i8], nbs: usize, k: usize, out: &mut [u8]) {
 /// Quantise and pack an n x k matrix on all cores (rayon over blocks of 64 rows): the
 /// packed quant bytes and the per-row scales, as [`quantize`] then [`pack`] give them.
 pub fn quantize_pack_par(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<f32>), CodecError> {
-    use rayon::prelude::*;
-    check_layout(n, k)?;
-    if w.len() != n * k {
-        return Err(CodecError::Shape(format!("INT8: {} values do not make a {n}x{k} matrix", w.len())));
-    }
-    let level = simd::level();
     let mut packed = vec![0u8; n * k];
     let mut d = vec![0f32; n];
-    packed.par_chunks_mut(N_BLOCK * k).zip(d.par_chunks_mut(N_BLOCK)).zip(w.par_chunks(N_BLOCK * k)).try_for_each(|((out, d), w)| {
+    quantize_pack_into(w, k, n, k, &mut packed, &mut d)?;
+    Ok((packed, d))
+}
+
+/// [`quantize_pack_par`] of the n x k matrix whose row `r` is `w[r * ld..r * ld + k]` (a
+/// column range of a wider matrix, `ld` >= `k`, read in place), into `packed` (n*k bytes)
+/// and `d` (n scales).
+pub fn quantize_pack_into(w: &[f32], ld: usize, n: usize, k: usize, packed: &mut [u8], d: &mut [f32]) -> Result<(), CodecError> {
+    use rayon::prelude::*;
+    check_layout(n, k)?;
+    let need = (n - 1).checked_mul(ld).and_then(|x| x.checked_add(k));
+    if ld < k || need.is_none_or(|need| w.len() < need) {
+        return Err(CodecError::Shape(format!("INT8: {} values do not hold {n} rows of {k} at a stride of {ld}", w.len())));
+    }
+    if packed.len() != n * k || d.len() != n {
+        return Err(CodecError::Shape(format!("INT8: output buffers do not match a {n}x{k} matrix")));
+    }
+    let level = simd::level();
+    packed.par_chunks_mut(N_BLOCK * k).zip(d.par_chunks_mut(N_BLOCK)).enumerate().try_for_each(|(b, (out, d))| {
         let nbs = d.len();
         let mut q = vec![0i8; nbs * k];
-        quantize_at(level, w, nbs, k, &mut q, d)?;
+        for (i, (q, d)) in q.chunks_exact_mut(k).zip(d.chunks_exact_mut(1)).enumerate() {
+            let start = (b * N_BLOCK + i) * ld;
+            quantize_at(level, &w[start..start + k], 1, k, q, d)?;
+        }
         pack_block(&q, nbs, k, out);
         Ok::<_, CodecError>(())
-    })?;
-    Ok((packed, d))
+    })
 }
 
 /// The inverse of [`pack`] (kt-kernel's `to_mat`), a test oracle.
@@ -172,18 +187,14 @@ pub fn numa_split_rows(w: &[f32], rows: usize, cols: usize, part: usize, parts: 
     Ok(&w[part * per * cols..(part + 1) * per * cols])
 }
 
-/// Columns `part * cols/parts ..` of every row of a row-major matrix, as a new matrix.
-pub fn numa_split_cols(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<Vec<f32>, CodecError> {
+/// Columns `part * cols/parts ..` of every row of a row-major matrix, in place: the values
+/// from the part's first column on and the row stride (`cols`), for [`quantize_pack_into`]
+/// (row `r` of the part is `values[r * cols..r * cols + cols/parts]`).
+pub fn numa_split_cols(w: &[f32], rows: usize, cols: usize, part: usize, parts: usize) -> Result<(&[f32], usize), CodecError> {
     if parts == 0 || !cols.is_multiple_of(parts) || part >= parts || w.len() != rows * cols {
         return Err(CodecError::Shape(format!("cannot split {cols} columns into {parts} NUMA parts")));
     }
-    let per = cols / parts;
-    // Whole-row copies (a per-element collect was a tenth of the kt-int8 view's time).
-    let mut out = Vec::with_capacity(rows * per);
-    for row in w.chunks_exact(cols) {
-        out.extend_from_slice(&row[part * per..(part + 1) * per]);
-    }
-    Ok(out)
+    Ok((&w[part * (cols / parts)..], cols))
 }
 
 #[cfg(test)]
@@ -273,6 +284,27 @@ mod tests {
     fn numa_splits() {
         let w: Vec<f32> = (0..24).map(|v| v as f32).collect(); // 4 x 6
         assert_eq!(numa_split_rows(&w, 4, 6, 1, 2).unwrap(), (12..24).map(|v| v as f32).collect::<Vec<_>>());
-        assert_eq!(numa_split_cols(&w, 4, 6, 1, 3).unwrap(), vec![2.0, 3.0, 8.0, 9.0, 14.0, 15.0, 20.0, 21.0]);
+        let (v, ld) = numa_split_cols(&w, 4, 6, 1, 3).unwrap();
+        let part: Vec<f32> = (0..4).flat_map(|r| v[r * ld..r * ld + 2].to_vec()).collect();
+        assert_eq!(part, vec![2.0, 3.0, 8.0, 9.0, 14.0, 15.0, 20.0, 21.0]);
+        assert!(numa_split_cols(&w, 4, 6, 0, 4).is_err());
+    }
+
+    #[test]
+    fn a_strided_column_part_quantises_as_its_copy() {
+        let (n, cols, parts) = (96, 256, 2);
+        let w: Vec<f32> = (0..n * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0).collect();
+        let k = cols / parts;
+        for part in 0..parts {
+            let copy: Vec<f32> = w.chunks_exact(cols).flat_map(|r| r[part * k..(part + 1) * k].to_vec()).collect();
+            let want = quantize_pack_par(&copy, n, k).unwrap();
+            let (v, ld) = numa_split_cols(&w, n, cols, part, parts).unwrap();
+            let (mut packed, mut d) = (vec![0u8; n * k], vec![0f32; n]);
+            quantize_pack_into(v, ld, n, k, &mut packed, &mut d).unwrap();
+            assert_eq!((packed, d), want, "part {part}");
+        }
+        let (mut packed, mut d) = (vec![0u8; 32 * 64], vec![0f32; 32]);
+        assert!(quantize_pack_into(&w[..31 * 128 + 63], 128, 32, 64, &mut packed, &mut d).is_err(), "one value short");
+        assert!(quantize_pack_into(&w, 32, 32, 64, &mut packed, &mut d).is_err(), "stride below the row");
     }
 }

@@ -297,17 +297,16 @@ impl Fp8Inner {
         (self.rows_per_chunk.min(self.geo.rows - first) * self.geo.cols * 2) as u64
     }
 
-    /// Chunk `id`: its FP8 rows and the block scales decoded to BF16 (the codec call of this
-    /// view).
-    fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
+    /// Chunk `id`: its FP8 rows and the block scales decoded to BF16, little-endian (the
+    /// codec call of this view), straight into the chunk.
+    fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let first = id as usize * self.rows_per_chunk;
         let rows = self.rows_per_chunk.min(self.geo.rows - first);
         let mut w = vec![0u8; rows * self.geo.cols];
         self.weight.read_exact_at(&mut w, self.weight_offset + (first * self.geo.cols) as u64)?;
         let mut s = vec![0u8; self.scale_len];
         self.scale.read_exact_at(&mut s, self.scale_offset)?;
-        let mut out = vec![0u16; rows * self.geo.cols];
-        self.geo.to_bf16_par(&w, first, &s, &mut out).map_err(|e| {
+        let content = |e: crate::codec::CodecError| {
             let rule = match e {
                 crate::codec::CodecError::BadScale { .. } => format!("non-finite or non-positive FP8 scales ({e})"),
                 crate::codec::CodecError::NonFiniteWeight { .. } => format!("non-finite FP8 non-expert weight ({e})"),
@@ -315,8 +314,22 @@ impl Fp8Inner {
                 other => other.to_string(),
             };
             ViewError::Content { tensor: self.name.clone(), rule }
-        })?;
-        Ok(out.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+        };
+        super::new_chunk(2 * w.len(), |bytes| {
+            // The chunk's bytes as u16 where that is the little-endian layout (aligned, and
+            // a little-endian target); else through a buffer, converted.
+            match bytemuck::try_cast_slice_mut::<u8, u16>(bytes) {
+                Ok(out) if cfg!(target_endian = "little") => self.geo.to_bf16_par(&w, first, &s, out).map_err(content),
+                _ => {
+                    let mut out = vec![0u16; w.len()];
+                    self.geo.to_bf16_par(&w, first, &s, &mut out).map_err(content)?;
+                    for (b, v) in bytes.chunks_exact_mut(2).zip(&out) {
+                        b.copy_from_slice(&v.to_le_bytes());
+                    }
+                    Ok(())
+                }
+            }
+        })
     }
 
     fn group(self: &Arc<Self>, id: u64) -> Arc<Group> {
@@ -340,6 +353,9 @@ impl ChunkSource for Fp8Chunks {
     }
     fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
         self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
+    }
+    fn prefetch(&self, id: u64) {
+        self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
     }
 }
 
@@ -365,30 +381,39 @@ impl ChunkSource for CheckedChunks {
     /// FUSE reads a chunk in many small requests, and each must not re-read and re-check the
     /// whole chunk.
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        let me = self.0.clone();
-        let group = Group::single((me.id, id), me.key.chunk(id), move || me.compute(id)).memory_only();
-        self.0.tiers.get(&Arc::new(group), 0, Priority::Read)
+        self.0.tiers.get(&self.group(id), 0, Priority::Read)
     }
     fn ready(&self, id: u64) -> bool {
         self.0.tiers.in_memory(&(self.0.id, id))
     }
+    fn prefetch(&self, id: u64) {
+        self.0.tiers.prefetch(&self.group(id), 0, Priority::Read);
+    }
+}
+
+impl CheckedChunks {
+    fn group(&self, id: u64) -> Arc<Group> {
+        let me = self.0.clone();
+        Arc::new(Group::single((me.id, id), me.key.chunk(id), move || me.compute(id)).memory_only())
+    }
 }
 
 impl CheckedInner {
-    fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
+    fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let start = id * self.chunk_bytes;
         let len = self.chunk_bytes.min(self.nbytes - start) as usize;
-        let mut b = vec![0u8; len];
-        self.file.read_exact_at(&mut b, self.offset + start)?;
-        let finite = match self.dtype {
-            Dtype::BF16 => b.chunks_exact(2).all(|x| (u16::from_le_bytes([x[0], x[1]]) & 0x7F80) != 0x7F80),
-            Dtype::F32 => b.chunks_exact(4).all(|x| f32::from_le_bytes(x.try_into().unwrap()).is_finite()),
-            _ => true,
-        };
-        if !finite {
-            return Err(ViewError::Content { tensor: self.name.clone(), rule: "non-finite source tensor".into() });
-        }
-        Ok(b)
+        super::new_chunk(len, |b| {
+            self.file.read_exact_at(b, self.offset + start)?;
+            let finite = match self.dtype {
+                Dtype::BF16 => b.chunks_exact(2).all(|x| (u16::from_le_bytes([x[0], x[1]]) & 0x7F80) != 0x7F80),
+                Dtype::F32 => b.chunks_exact(4).all(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]).is_finite()),
+                _ => true,
+            };
+            if !finite {
+                return Err(ViewError::Content { tensor: self.name.clone(), rule: "non-finite source tensor".into() });
+            }
+            Ok(())
+        })
     }
 }
 

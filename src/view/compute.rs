@@ -471,7 +471,7 @@ pub struct Tiers {
     pub mem: Arc<ChunkCache>,
     pub disk: Option<Arc<DiskCache>>,
     pub pool: Arc<ComputePool<ViewError>>,
-    prefetch: SyncSender<(Arc<Group>, usize)>,
+    prefetch: SyncSender<(Arc<Group>, usize, Priority)>,
     /// Groups queued or running as prefetches (a sequential reader asks for the next chunk
     /// on every read of the current one: asked once).
     prefetching: Mutex<HashSet<DiskKey>>,
@@ -510,17 +510,17 @@ pub struct ComputeSnapshot {
 
 impl Tiers {
     pub fn new(mem: Arc<ChunkCache>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<ViewError>>) -> Arc<Tiers> {
-        let (tx, rx) = sync_channel::<(Arc<Group>, usize)>(PREFETCH_QUEUE);
+        let (tx, rx) = sync_channel::<(Arc<Group>, usize, Priority)>(PREFETCH_QUEUE);
         let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
             let spawned = std::thread::Builder::new().name(format!("xpackfs-prefetch-{i}")).spawn(move || {
                 loop {
-                    let Ok((group, idx)) = rx.lock().recv() else { return };
+                    let Ok((group, idx, prio)) = rx.lock().recv() else { return };
                     // Ends with the last user of the tiers (the sender goes with them).
                     let Some(tiers) = weak.upgrade() else { return };
-                    let _ = tiers.get(&group, idx, Priority::Background);
+                    let _ = tiers.get(&group, idx, prio);
                     tiers.prefetching.lock().remove(&group.key);
                 }
             });
@@ -599,16 +599,18 @@ impl Tiers {
         })
     }
 
-    /// Bring part `idx` of `group` into memory in the background, unless it is there or on
-    /// its way, if there is room in the prefetch queue (a prefetch is a hint: dropped when
-    /// the queue is full).
-    pub fn prefetch(&self, group: &Arc<Group>, idx: usize) {
+    /// Bring part `idx` of `group` into memory without waiting for it, unless it is there or
+    /// on its way, if there is room in the prefetch queue (a prefetch is a hint: dropped when
+    /// the queue is full). `prio`: [`Priority::Read`] for a reader's read-ahead (the chunks
+    /// it asks for next: a background run would be hedged by its read and computed twice),
+    /// [`Priority::Background`] for work no reader waits for.
+    pub fn prefetch(&self, group: &Arc<Group>, idx: usize, prio: Priority) {
         let Some((mem_key, _)) = group.parts.get(idx) else { return };
         if self.mem.peek(mem_key) || !self.prefetching.lock().insert(group.key) {
             return;
         }
         self.prefetch_requested.fetch_add(1, Relaxed);
-        if self.prefetch.try_send((group.clone(), idx)).is_err() {
+        if self.prefetch.try_send((group.clone(), idx, prio)).is_err() {
             self.prefetching.lock().remove(&group.key);
             self.prefetch_dropped.fetch_add(1, Relaxed);
         }
@@ -974,7 +976,7 @@ mod tests {
         let fx = Fixture::new();
         let t = fx.tiers();
         let g = fx.chunk(5);
-        t.prefetch(&g, 0);
+        t.prefetch(&g, 0, Priority::Background);
         let tt = t.clone();
         let t0 = std::time::Instant::now();
         while tt.mem.bytes() == 0 && t0.elapsed() < Duration::from_secs(60) {
@@ -995,7 +997,7 @@ mod tests {
             }
             Ok(vec![42u8; 10])
         }));
-        t.prefetch(&slow, 0);
+        t.prefetch(&slow, 0, Priority::Background);
         while t.pool.in_flight() == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }

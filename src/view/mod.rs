@@ -48,6 +48,20 @@ pub(crate) fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u6
     }
 }
 
+/// A chunk of `len` bytes computed by `fill` straight into the `Arc<[u8]>` the caches keep
+/// (zeroed first): no `Arc::from(Vec)` copy, and one fresh allocation instead of two.
+pub(crate) fn new_chunk<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Arc<[u8]>, E> {
+    let mut chunk: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
+    match Arc::get_mut(&mut chunk) {
+        Some(buf) => fill(buf).map(|()| chunk),
+        // Not reached (a new Arc has no other holder); kept as the copying way.
+        None => {
+            let mut buf = vec![0u8; len];
+            fill(&mut buf).map(|()| Arc::from(buf))
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
     #[error(transparent)]

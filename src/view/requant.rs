@@ -11,8 +11,8 @@
 //!
 //! Quantised tensors are computed in chunks of whole rows through the tiers (memory, the
 //! disk cache, the compute pool), each chunk in parallel over rows on the pool; a read
-//! prefetches the chunks that follow it in the shard (up to 4 MiB, across tensors). A chunk's disk-cache key holds everything its bytes depend
-//! on: the identity of the weight and scale files, the tensor, offsets, shape, ggml type,
+//! prefetches the chunks that follow it in the shard (`VirtualFile`'s read-ahead, 4 MiB,
+//! across tensors). A chunk's disk-cache key holds everything its bytes depend on: the identity of the weight and scale files, the tensor, offsets, shape, ggml type,
 //! chunking and importance row (so another recipe never meets old entries). Manifests
 //! hold every tensor's sha256: their sizes are known up front, their bytes are computed on
 //! first read (through this view) and remembered in the digest store.
@@ -156,14 +156,7 @@ struct QuantInner {
     id: u64,
     /// Disk-cache key of this tensor's chunks: everything their bytes depend on.
     key: ProducerKey,
-    /// The next quantised tensor of the shard file, for reading ahead across tensors (weak:
-    /// the file's extents own the tensors).
-    next: std::sync::OnceLock<std::sync::Weak<QuantInner>>,
 }
-
-/// How far a read prefetches ahead of itself (chunks of this and the following tensors of
-/// the shard): enough to keep a few disk-cache loads in flight for a sequential reader.
-const AHEAD_BYTES: u64 = 4 << 20;
 
 impl QuantInner {
     fn chunks(&self) -> u64 {
@@ -176,7 +169,7 @@ impl QuantInner {
     }
 
     /// Chunk `id`: its MXFP4 rows decoded and requantised (the codec calls of this view).
-    fn compute(&self, id: u64) -> Result<Vec<u8>, ViewError> {
+    fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let first = id as usize * self.rows_per_chunk;
         let rows = self.rows_per_chunk.min(self.rows - first);
         let mut packed = vec![0u8; rows * self.k / 2];
@@ -193,10 +186,9 @@ impl QuantInner {
             )),
             other => ViewError::Codec { tensor: self.name.clone(), source: other },
         })?;
-        let mut out = vec![0u8; rows * self.out_row_bytes];
-        codec::quantize_rows_par(self.qtype, &x, self.k, Some(&self.importance), &mut out)
-            .map_err(|e| ViewError::Codec { tensor: self.name.clone(), source: e })?;
-        Ok(out)
+        super::new_chunk(rows * self.out_row_bytes, |out| {
+            codec::quantize_rows_par(self.qtype, &x, self.k, Some(&self.importance), out).map_err(|e| ViewError::Codec { tensor: self.name.clone(), source: e })
+        })
     }
 
     fn group(self: &Arc<Self>, id: u64) -> Arc<Group> {
@@ -205,27 +197,7 @@ impl QuantInner {
     }
 
     fn get(self: &Arc<Self>, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        let v = self.tiers.get(&self.group(id), 0, Priority::Read)?;
-        self.read_ahead(id);
-        Ok(v)
-    }
-
-    /// Sequential readers: the chunks that follow `id` in the shard, up to [`AHEAD_BYTES`],
-    /// into memory in the background (computed, or loaded from the disk cache).
-    fn read_ahead(self: &Arc<Self>, id: u64) {
-        let (mut t, mut c, mut ahead) = (self.clone(), id + 1, 0);
-        while ahead < AHEAD_BYTES {
-            if c >= t.chunks() {
-                let Some(n) = t.next.get().and_then(std::sync::Weak::upgrade) else { return };
-                (t, c) = (n, 0);
-                continue;
-            }
-            if !t.tiers.in_memory(&(t.id, c)) {
-                t.tiers.prefetch(&t.group(c), 0);
-            }
-            ahead += t.chunk_len(c);
-            c += 1;
-        }
+        self.tiers.get(&self.group(id), 0, Priority::Read)
     }
 }
 
@@ -250,6 +222,9 @@ impl ChunkSource for QuantChunks {
     }
     fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
         self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
+    }
+    fn prefetch(&self, id: u64) {
+        self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
     }
 }
 
@@ -558,7 +533,6 @@ impl Shard<'_> {
         }
         let mut f = VirtualFile::new();
         f.push(Extent::Bytes(seed_header(&entries).into()));
-        let mut last: Option<Arc<QuantInner>> = None;
         for &m in &members {
             let p = &planned[m];
             let t = &source.tensors[p.tensor];
@@ -597,11 +571,7 @@ impl Shard<'_> {
                         id: tiers.mem.producer_id(),
                         tiers: tiers.clone(),
                         key,
-                        next: std::sync::OnceLock::new(),
                     });
-                    if let Some(prev) = last.replace(inner.clone()) {
-                        let _ = prev.next.set(Arc::downgrade(&inner));
-                    }
                     let src = Arc::new(QuantChunks(inner.clone()));
                     for c in 0..inner.chunks() {
                         f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });

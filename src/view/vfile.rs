@@ -36,7 +36,15 @@ pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     fn warm(&self, _id: u64, _prio: Priority) -> Result<Warmed, ViewError> {
         Ok(Warmed::Present)
     }
+    /// A hint that chunk `id` will be read soon: start loading or computing it in the
+    /// background unless it is in memory or on its way (never waits).
+    fn prefetch(&self, _id: u64) {}
 }
+
+/// How far a read looks ahead of itself in its file: the computed chunks that start within
+/// this many bytes after the read are prefetched, so a sequential reader finds the next
+/// chunks computed (or loaded from the disk cache) while it consumes this one.
+pub const READ_AHEAD_BYTES: u64 = 4 << 20;
 
 #[derive(Debug, Clone)]
 pub enum Extent {
@@ -150,7 +158,21 @@ impl VirtualFile {
             done += n;
             idx += 1;
         }
+        self.read_ahead(idx);
         Ok(want)
+    }
+
+    /// Prefetch the computed extents from `idx` on that start within [`READ_AHEAD_BYTES`].
+    fn read_ahead(&self, idx: usize) {
+        let Some((first, _)) = self.extents.get(idx) else { return };
+        for (start, extent) in &self.extents[idx..] {
+            if start - first >= READ_AHEAD_BYTES {
+                break;
+            }
+            if let Extent::Computed { source, id, .. } = extent {
+                source.prefetch(*id);
+            }
+        }
     }
 }
 

@@ -6,9 +6,9 @@
 //! Experts come from any source xpackfs can decode: DeepSeek V4 safetensors (MXFP4
 //! `layers.L.ffn.experts.E.w{1,3,2}`), GGUF `blk.L.ffn_{gate,up,down}_exps.weight` of any
 //! supported type, or Hugging Face style `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`
-//! (BF16/F16/F32). Each (layer, expert, projection) is decoded once to f32 and every NUMA
-//! part's quant and scale file is computed from it (per-row INT8, VNNI packing; rows in
-//! parallel), as sibling parts of one job through the tiers (memory, the disk cache, the
+//! (BF16/F16/F32). Each (layer, expert, projection) is decoded once to f32 (into a reused
+//! buffer) and every NUMA part's quant and scale file is computed from it in place (per-row
+//! INT8, VNNI packing; rows in parallel), as sibling parts of one job through the tiers (memory, the disk cache, the
 //! compute pool), keyed by the matrix's source bytes (file identity, offsets, type), the
 //! tensor, projection, dimensions and NUMA count. The manifest's digests are computed on
 //! first read and remembered.
@@ -49,24 +49,26 @@ enum Matrix {
 }
 
 impl Matrix {
-    /// The matrix as f32, decoded on all cores (the parallel codec helpers, on the pool of
-    /// the job that calls it).
-    fn decode(&self, n: usize, k: usize, name: &str) -> Result<Vec<f32>, ViewError> {
+    /// The matrix as f32 into `out` (every value written), decoded on all cores (the
+    /// parallel codec helpers, on the pool of the job that calls it).
+    fn decode_into(&self, n: usize, k: usize, name: &str, out: &mut [f32]) -> Result<(), ViewError> {
         let content = |rule: String| ViewError::Content { tensor: name.to_string(), rule };
         let codec_err = |e| ViewError::Codec { tensor: name.to_string(), source: e };
-        let mut out = vec![0f32; n * k];
+        if out.len() != n * k {
+            return Err(ViewError::Internal(format!("{name}: a decode buffer of {} values for {n}x{k}", out.len())));
+        }
         match self {
             Matrix::Mxfp4 { w, w_off, s, s_off } => {
                 let mut packed = vec![0u8; n * k / 2];
                 w.read_exact_at(&mut packed, *w_off)?;
                 let mut scales = vec![0u8; n * k / 32];
                 s.read_exact_at(&mut scales, *s_off)?;
-                codec::mxfp4::dequantize_deepseek_par(&packed, &scales, k, &mut out).map_err(codec_err)?;
+                codec::mxfp4::dequantize_deepseek_par(&packed, &scales, k, out).map_err(codec_err)?;
             }
             Matrix::Ggml { f, off, nbytes, ty } => {
                 let mut b = vec![0u8; *nbytes as usize];
                 f.read_exact_at(&mut b, *off)?;
-                codec::dequantize_par(*ty, &b, &mut out).map_err(codec_err)?;
+                codec::dequantize_par(*ty, &b, out).map_err(codec_err)?;
             }
             Matrix::Dense { f, off, dtype } => {
                 let size = match dtype {
@@ -81,13 +83,13 @@ impl Matrix {
                     _ => "BF16",
                 };
                 let ty = codec::GgmlType::from_name(name).ok_or_else(|| ViewError::Internal(format!("no ggml type {name}")))?;
-                codec::dequantize_par(ty, &b, &mut out).map_err(codec_err)?;
+                codec::dequantize_par(ty, &b, out).map_err(codec_err)?;
             }
         }
-        if let Some(i) = first_non_finite(&out) {
+        if let Some(i) = first_non_finite(out) {
             return Err(content(format!("non-finite weight at element {i}")));
         }
-        Ok(out)
+        Ok(())
     }
 
     /// What the matrix's bytes are, for disk-cache keys (`file_keys`: the identity of each
@@ -381,6 +383,45 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
     Ok(Experts { decode, experts: experts as usize, hidden: hidden as usize, inter: inter as usize, mats })
 }
 
+/// Decoded matrices for [`Int8Inner::compute_all`], reused: a matrix is up to 4 bytes per
+/// weight (58 MB for a DeepSeek V4 expert) and lives for one job, so a fresh zeroed buffer
+/// per job cost page faults and zeroing (about a fifth of the view's time). Buffers go back
+/// to a shared pool that keeps at most [`SCRATCH_KEEP_BYTES`]; every value of the part
+/// handed out is written by the decoder before it is read.
+struct Scratch(Vec<f32>);
+
+static SCRATCH: parking_lot::Mutex<Vec<Vec<f32>>> = parking_lot::Mutex::new(Vec::new());
+const SCRATCH_KEEP_BYTES: usize = 256 << 20;
+
+impl Scratch {
+    /// A buffer of at least `n` values (the smallest pooled one that fits, else a new one).
+    fn take(n: usize) -> Scratch {
+        let mut pool = SCRATCH.lock();
+        let fit = pool.iter().enumerate().filter(|(_, v)| v.len() >= n).min_by_key(|(_, v)| v.len()).map(|(i, _)| i);
+        let v = fit.map(|i| pool.swap_remove(i));
+        drop(pool);
+        Scratch(v.unwrap_or_else(|| vec![0f32; n]))
+    }
+
+    fn slice(&mut self, n: usize) -> &mut [f32] {
+        if self.0.len() < n {
+            self.0.resize(n, 0.0);
+        }
+        &mut self.0[..n]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        let mut pool = SCRATCH.lock();
+        let held: usize = pool.iter().map(|b| b.len() * 4).sum();
+        if held + v.len() * 4 <= SCRATCH_KEEP_BYTES {
+            pool.push(v);
+        }
+    }
+}
+
 /// One (layer, expert, projection): all NUMA parts' quant and scale files, computed together
 /// (one decode of the matrix) as sibling parts of one job through the tiers.
 struct Int8Inner {
@@ -393,7 +434,14 @@ struct Int8Inner {
     tiers: Arc<Tiers>,
     id: u64,
     key: ProducerKey,
+    /// The next matrix in build order (layer, projection, expert), for reading ahead
+    /// across files (weak: the files' extents own the matrices).
+    next: std::sync::OnceLock<std::sync::Weak<Int8Inner>>,
 }
+
+/// Matrices a read prefetches after its own (each is computed by one job into all its NUMA
+/// parts' files): the next experts are computed while the reader consumes this one.
+const AHEAD_MATRICES: usize = 2;
 
 impl Int8Inner {
     /// Part `i` (2 x NUMA part + 0 for quant, 1 for scale): its length.
@@ -407,24 +455,25 @@ impl Int8Inner {
     }
 
     /// Every part: the matrix decoded once, then each NUMA part quantised to per-row INT8 and
-    /// packed (the codec calls of this view).
+    /// packed (the codec calls of this view), straight into the chunks the caches keep.
     fn compute_all(&self) -> Result<Vec<Arc<[u8]>>, ViewError> {
         let (rows, cols) = if self.proj == 2 { (self.hidden, self.inter) } else { (self.inter, self.hidden) };
-        let w = self.matrix.decode(rows, cols, &self.name)?;
+        let mut scratch = Scratch::take(rows * cols);
+        let w = scratch.slice(rows * cols);
+        self.matrix.decode_into(rows, cols, &self.name, w)?;
         // One NUMA part after the other, each quantised and packed on all cores.
         let codec_err = |e| ViewError::Codec { tensor: self.name.clone(), source: e };
         let mut out = Vec::with_capacity(2 * self.numa);
         for part in 0..self.numa {
-            let cols_part;
-            let (sub, n, k) = if self.proj == 2 {
-                cols_part = kt_int8::numa_split_cols(&w, rows, cols, part, self.numa).map_err(codec_err)?;
-                (cols_part.as_slice(), self.hidden, self.inter / self.numa)
+            let (sub, ld, n, k) = if self.proj == 2 {
+                let (sub, ld) = kt_int8::numa_split_cols(w, rows, cols, part, self.numa).map_err(codec_err)?;
+                (sub, ld, self.hidden, self.inter / self.numa)
             } else {
-                (kt_int8::numa_split_rows(&w, rows, cols, part, self.numa).map_err(codec_err)?, self.inter / self.numa, self.hidden)
+                (kt_int8::numa_split_rows(w, rows, cols, part, self.numa).map_err(codec_err)?, self.hidden, self.inter / self.numa, self.hidden)
             };
-            let (packed, d) = kt_int8::quantize_pack_par(sub, n, k).map_err(codec_err)?;
-            out.push(Arc::from(packed));
-            out.push(Arc::from(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()));
+            let mut d = vec![0f32; n];
+            out.push(super::new_chunk(n * k, |packed| kt_int8::quantize_pack_into(sub, ld, n, k, packed, &mut d)).map_err(codec_err)?);
+            out.push(d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into());
         }
         Ok(out)
     }
@@ -446,7 +495,14 @@ impl std::fmt::Debug for Int8Chunks {
 
 impl ChunkSource for Int8Chunks {
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.tiers.get(&self.0.group(), id as usize, Priority::Read)
+        let v = self.0.tiers.get(&self.0.group(), id as usize, Priority::Read)?;
+        let mut next = self.0.next.get().and_then(std::sync::Weak::upgrade);
+        for _ in 0..AHEAD_MATRICES {
+            let Some(n) = next else { break };
+            n.tiers.prefetch(&n.group(), 0, Priority::Read);
+            next = n.next.get().and_then(std::sync::Weak::upgrade);
+        }
+        Ok(v)
     }
     fn ready(&self, id: u64) -> bool {
         self.0.tiers.in_memory(&(self.0.id, id))
@@ -534,6 +590,7 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
     // Per layer, its files by name.
     type LayerFiles = Vec<(u64, Vec<(String, Arc<VirtualFile>)>)>;
     let mut layer_files: LayerFiles = Vec::new();
+    let mut last: Option<Arc<Int8Inner>> = None;
     for &l in &layers {
         let ldir = tree.add_dir(ROOT_INO, &format!("_layer_{l}"));
         let ndirs: Vec<_> = (0..numa).map(|n| tree.add_dir(ldir, &format!("_numa_{n}"))).collect();
@@ -550,7 +607,11 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
                     .u64("inter", i as u64)
                     .u64("numa", numa as u64)
                     .producer();
-                let src = Arc::new(Int8Chunks(Arc::new(Int8Inner { name, matrix: m, proj: r, hidden: h, inter: i, numa, id: tiers.mem.producer_id(), tiers: tiers.clone(), key })));
+                let inner = Arc::new(Int8Inner { name, matrix: m, proj: r, hidden: h, inter: i, numa, id: tiers.mem.producer_id(), tiers: tiers.clone(), key, next: Default::default() });
+                if let Some(prev) = last.replace(inner.clone()) {
+                    let _ = prev.next.set(Arc::downgrade(&inner));
+                }
+                let src = Arc::new(Int8Chunks(inner));
                 for (n, files_n) in per_numa.iter_mut().enumerate() {
                     for (kind_i, kind) in ["quant", "scale"].iter().enumerate() {
                         let size = src.0.part_len(2 * n + kind_i);
