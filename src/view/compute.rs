@@ -2,8 +2,8 @@
 //! serve reads, with the tiers in front of it.
 //!
 //! [`ComputePool`] runs chunk computations ("jobs") on two rayon pools: `read` for chunks
-//! a reader waits for, and `background` (niced, idle I/O class) for prefetching and
-//! warming, so background work yields the CPU to reads at once. Jobs are single-flight per
+//! a reader waits for (and a reader's read-ahead), and `background` (niced, idle I/O
+//! class) for warming and prewarming, so background work yields the CPU to reads at once. Jobs are single-flight per
 //! key: a second request for a key joins the first. A read that joins a background job
 //! promotes it (a job still queued also gets a run on the read pool; one already running
 //! gets a second, hedging run there; the first result wins, the other is dropped), so a
@@ -16,8 +16,10 @@
 //! handed to its waiters first and then written behind, on the computing thread, into
 //! memory and disk. A [`Group`] is what one job computes: one chunk, or several sibling
 //! chunks at once (kt-int8 computes every NUMA part's quant and scale file of one expert
-//! projection together). Prefetches go through a few driver threads that only wait, so a
-//! reader arriving for a prefetched chunk promotes its job instead of waiting behind it.
+//! projection together). Prefetches go through a few driver threads that only wait; a
+//! read-ahead runs at read priority (a reader that caught up with a background run would
+//! hedge it and compute the chunk twice), and a reader arriving for a background prefetch
+//! promotes its job instead of waiting behind it.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
