@@ -194,7 +194,7 @@ pub fn numa_split_cols(w: &[f32], rows: usize, cols: usize, part: usize, parts: 
     if parts == 0 || !cols.is_multiple_of(parts) || part >= parts || w.len() != rows * cols {
         return Err(CodecError::Shape(format!("cannot split {cols} columns into {parts} NUMA parts")));
     }
-    Ok((&w[part * (cols / parts)..], cols))
+    Ok((w.get(part * (cols / parts)..).unwrap_or(&[]), cols))
 }
 
 #[cfg(test)]

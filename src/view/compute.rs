@@ -245,6 +245,11 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
         }
     }
 
+    /// Whether a job for `key` is queued or running.
+    pub fn is_in_flight(&self, key: &DiskKey) -> bool {
+        self.shared.flights.lock().contains_key(key)
+    }
+
     /// If a background job for `key` is in flight, give it a run at read priority (a reader
     /// is about to wait for it, perhaps through another cache's single-flight).
     pub fn promote(&self, key: &DiskKey) {
@@ -474,9 +479,9 @@ pub struct Tiers {
     pub disk: Option<Arc<DiskCache>>,
     pub pool: Arc<ComputePool<ViewError>>,
     prefetch: SyncSender<(Arc<Group>, usize, Priority)>,
-    /// Groups queued or running as prefetches (a sequential reader asks for the next chunk
-    /// on every read of the current one: asked once).
-    prefetching: Mutex<HashSet<DiskKey>>,
+    /// Parts (group, index) queued or running as prefetches (a sequential reader asks for
+    /// the next chunk on every read of the current one: asked once).
+    prefetching: Mutex<HashSet<(DiskKey, usize)>>,
     pub prefetch_requested: AtomicU64,
     pub prefetch_dropped: AtomicU64,
 }
@@ -523,7 +528,7 @@ impl Tiers {
                     // Ends with the last user of the tiers (the sender goes with them).
                     let Some(tiers) = weak.upgrade() else { return };
                     let _ = tiers.get(&group, idx, prio);
-                    tiers.prefetching.lock().remove(&group.key);
+                    tiers.prefetching.lock().remove(&(group.key, idx));
                 }
             });
             if let Err(e) = spawned {
@@ -605,15 +610,20 @@ impl Tiers {
     /// on its way, if there is room in the prefetch queue (a prefetch is a hint: dropped when
     /// the queue is full). `prio`: [`Priority::Read`] for a reader's read-ahead (the chunks
     /// it asks for next: a background run would be hedged by its read and computed twice),
-    /// [`Priority::Background`] for work no reader waits for.
+    /// [`Priority::Background`] for work no reader waits for. A read-priority prefetch of a
+    /// group whose job is already in flight (a prewarm's, say) leaves it alone: joining it
+    /// would hedge it, and the reader promotes it if it comes to wait for it.
     pub fn prefetch(&self, group: &Arc<Group>, idx: usize, prio: Priority) {
         let Some((mem_key, _)) = group.parts.get(idx) else { return };
-        if self.mem.peek(mem_key) || !self.prefetching.lock().insert(group.key) {
+        if self.mem.peek(mem_key) || (prio == Priority::Read && self.pool.is_in_flight(&group.key)) {
+            return;
+        }
+        if !self.prefetching.lock().insert((group.key, idx)) {
             return;
         }
         self.prefetch_requested.fetch_add(1, Relaxed);
         if self.prefetch.try_send((group.clone(), idx, prio)).is_err() {
-            self.prefetching.lock().remove(&group.key);
+            self.prefetching.lock().remove(&(group.key, idx));
             self.prefetch_dropped.fetch_add(1, Relaxed);
         }
     }
@@ -1008,6 +1018,40 @@ mod tests {
         assert_eq!(&*got.unwrap(), &[42u8; 10][..]);
         gate.open();
         settle(&t.pool);
+    }
+
+    #[test]
+    fn a_read_ahead_leaves_a_job_in_flight_alone() {
+        let fx = Fixture::new();
+        let t = fx.tiers();
+        let gate = Arc::new(Gate::default());
+        let (g2, calls) = (gate.clone(), fx.calls.clone());
+        let slow = Arc::new(Group::single((8, 2), key(78), move || {
+            calls.fetch_add(1, Relaxed);
+            g2.wait();
+            Ok(vec![7u8; 10])
+        }));
+        // A background job (as a prewarm's) is running; a reader's read-ahead asks for it.
+        t.pool.request(slow.key, Priority::Background, &slow.job, None, |_| {});
+        let t0 = std::time::Instant::now();
+        while fx.calls.load(Relaxed) == 0 && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t.prefetch(&slow, 0, Priority::Read);
+        std::thread::sleep(Duration::from_millis(200));
+        gate.open();
+        settle(&t.pool);
+        let s = t.pool.stats();
+        assert_eq!((fx.calls.load(Relaxed), s.hedged.load(Relaxed), s.promoted.load(Relaxed)), (1, 0, 0), "the read-ahead ran the job again");
+        // With nothing in flight it computes the chunk into memory, at read priority.
+        let g = fx.chunk(6);
+        t.prefetch(&g, 0, Priority::Read);
+        let t0 = std::time::Instant::now();
+        while !t.in_memory(&g.parts[0].0) && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(t.in_memory(&g.parts[0].0));
+        assert!(t.pool.stats().runs_read.load(Relaxed) >= 1);
     }
 
     #[test]

@@ -36,14 +36,16 @@ pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     fn warm(&self, _id: u64, _prio: Priority) -> Result<Warmed, ViewError> {
         Ok(Warmed::Present)
     }
-    /// A hint that chunk `id` will be read soon: start loading or computing it in the
-    /// background unless it is in memory or on its way (never waits).
+    /// A hint that chunk `id` will be read soon: start loading or computing it without
+    /// waiting for it, unless it is in memory or on its way (read-ahead; the views run it at
+    /// read priority, see `Tiers::prefetch`).
     fn prefetch(&self, _id: u64) {}
 }
 
 /// How far a read looks ahead of itself in its file: the computed chunks that start within
-/// this many bytes after the read are prefetched, so a sequential reader finds the next
-/// chunks computed (or loaded from the disk cache) while it consumes this one.
+/// this many bytes of the first extent after the read are prefetched (those not in memory),
+/// so a sequential reader finds the next chunks computed (or loaded from the disk cache)
+/// while it consumes this one.
 pub const READ_AHEAD_BYTES: u64 = 4 << 20;
 
 #[derive(Debug, Clone)]
@@ -162,14 +164,17 @@ impl VirtualFile {
         Ok(want)
     }
 
-    /// Prefetch the computed extents from `idx` on that start within [`READ_AHEAD_BYTES`].
+    /// Prefetch the computed extents from `idx` on that start within [`READ_AHEAD_BYTES`] of
+    /// extent `idx` and are not in memory.
     fn read_ahead(&self, idx: usize) {
         let Some((first, _)) = self.extents.get(idx) else { return };
         for (start, extent) in &self.extents[idx..] {
             if start - first >= READ_AHEAD_BYTES {
                 break;
             }
-            if let Extent::Computed { source, id, .. } = extent {
+            if let Extent::Computed { source, id, .. } = extent
+                && !source.ready(*id)
+            {
                 source.prefetch(*id);
             }
         }
@@ -318,6 +323,44 @@ mod tests {
         fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
             Ok((0..5u8).map(|i| i + 10 * id as u8).collect::<Vec<_>>().into())
         }
+    }
+
+    /// Chunks of 1 MiB; records the prefetches asked for; chunk 7 is "in memory".
+    #[derive(Debug, Default)]
+    struct Prefetched(parking_lot::Mutex<Vec<u64>>);
+    impl ChunkSource for Prefetched {
+        fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
+            Ok(vec![0u8; 1 << 20].into())
+        }
+        fn ready(&self, id: u64) -> bool {
+            id == 7
+        }
+        fn prefetch(&self, id: u64) {
+            self.0.lock().push(id);
+        }
+    }
+
+    #[test]
+    fn a_read_prefetches_the_computed_chunks_after_it() {
+        let src = Arc::new(Prefetched::default());
+        let mut f = VirtualFile::new();
+        f.push(Extent::Bytes(Arc::from(&b"header"[..])));
+        for id in 0..12 {
+            f.push(Extent::Computed { source: src.clone(), id, len: 1 << 20 });
+            if id == 5 {
+                f.push(Extent::Zeros(100));
+            }
+        }
+        let mut buf = vec![0u8; 4096];
+        f.read_at(0, &mut buf).unwrap();
+        // The read ends in chunk 0: chunks 1..=4 start within 4 MiB of chunk 1.
+        assert_eq!(std::mem::take(&mut *src.0.lock()), [1, 2, 3, 4]);
+        // Ending in chunk 5 (zeros, then chunks 6..): 7 is in memory and not asked for.
+        f.read_at(6 + 5 * (1 << 20) + 10, &mut buf).unwrap();
+        assert_eq!(std::mem::take(&mut *src.0.lock()), [6, 8, 9]);
+        // At the end of the file: nothing after it.
+        f.read_at(f.size() - 10, &mut buf).unwrap();
+        assert!(src.0.lock().is_empty());
     }
 
     fn sample() -> VirtualFile {

@@ -8,10 +8,11 @@
 //! supported type, or Hugging Face style `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`
 //! (BF16/F16/F32). Each (layer, expert, projection) is decoded once to f32 (into a reused
 //! buffer) and every NUMA part's quant and scale file is computed from it in place (per-row
-//! INT8, VNNI packing; rows in parallel), as sibling parts of one job through the tiers (memory, the disk cache, the
-//! compute pool), keyed by the matrix's source bytes (file identity, offsets, type), the
-//! tensor, projection, dimensions and NUMA count. The manifest's digests are computed on
-//! first read and remembered.
+//! INT8, VNNI packing; rows in parallel), as sibling parts of one job through the tiers
+//! (memory, the disk cache, the compute pool), keyed by the matrix's source bytes (file
+//! identity, offsets, type), the tensor, projection, dimensions and NUMA count. A read
+//! prefetches the next two matrices. The manifest's digests are computed on first read and
+//! remembered.
 
 pub mod tree;
 pub mod validate;
@@ -440,7 +441,8 @@ struct Int8Inner {
 }
 
 /// Matrices a read prefetches after its own (each is computed by one job into all its NUMA
-/// parts' files): the next experts are computed while the reader consumes this one.
+/// parts' files, or loaded part by part from the disk cache): the next experts are ready
+/// when the reader gets to them.
 const AHEAD_MATRICES: usize = 2;
 
 impl Int8Inner {
@@ -496,10 +498,16 @@ impl std::fmt::Debug for Int8Chunks {
 impl ChunkSource for Int8Chunks {
     fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let v = self.0.tiers.get(&self.0.group(), id as usize, Priority::Read)?;
+        // The same file of the next matrices, and its quant/scale partner: computing one
+        // part computes them all, but a part found in the disk cache comes alone.
         let mut next = self.0.next.get().and_then(std::sync::Weak::upgrade);
         for _ in 0..AHEAD_MATRICES {
             let Some(n) = next else { break };
-            n.tiers.prefetch(&n.group(), 0, Priority::Read);
+            let parts = [id, id ^ 1].map(|p| p as usize).into_iter().filter(|&p| p < 2 * n.numa && !n.tiers.in_memory(&(n.id, p as u64)));
+            let mut group = None;
+            for p in parts {
+                n.tiers.prefetch(group.get_or_insert_with(|| n.group()), p, Priority::Read);
+            }
             next = n.next.get().and_then(std::sync::Weak::upgrade);
         }
         Ok(v)
