@@ -102,20 +102,44 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// Why [`read_bounded`] gave no bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitedError {
+    #[error(transparent)]
+    Regular(#[from] RegularError),
+    /// Larger than the cap (`len`: its size, or the bytes read when it grew while read).
+    #[error("{len} bytes, more than the {cap} allowed")]
+    TooLarge { len: u64, cap: u64 },
+}
+
+impl From<LimitedError> for std::io::Error {
+    fn from(e: LimitedError) -> Self {
+        match e {
+            LimitedError::Regular(e) => e.into(),
+            e @ LimitedError::TooLarge { .. } => std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        }
+    }
+}
+
 /// The bytes of `path`, which must be a regular file (after following symlinks, opened by
-/// [`open_regular`]) of at most `max` bytes.
-pub fn read_limited(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+/// [`open_regular`]) of at most `max` bytes, checked before reading and while reading.
+pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, LimitedError> {
     use std::io::Read;
     let (f, meta) = open_regular(path)?;
     if meta.len() > max {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} bytes, more than the {max} allowed", meta.len())));
+        return Err(LimitedError::TooLarge { len: meta.len(), cap: max });
     }
     let mut out = Vec::with_capacity(meta.len() as usize);
-    f.take(max + 1).read_to_end(&mut out)?;
+    f.take(max + 1).read_to_end(&mut out).map_err(RegularError::Io)?;
     if out.len() as u64 > max {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("more than the {max} bytes allowed")));
+        return Err(LimitedError::TooLarge { len: out.len() as u64, cap: max });
     }
     Ok(out)
+}
+
+/// [`read_bounded`], its refusal as an I/O error.
+pub fn read_limited(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    Ok(read_bounded(path, max)?)
 }
 
 #[cfg(test)]

@@ -73,7 +73,8 @@ pub fn open_regular(path: &Path) -> Result<(File, Metadata), SourceError> {
     fsutil::open_regular(path).map_err(|e| regular_err(path, e))
 }
 
-fn regular_err(path: &Path, e: fsutil::RegularError) -> SourceError {
+/// A [`fsutil::RegularError`] for `path` as a source error.
+pub(super) fn regular_err(path: &Path, e: fsutil::RegularError) -> SourceError {
     match e {
         fsutil::RegularError::Io(source) => SourceError::Io { path: path.to_path_buf(), source },
         fsutil::RegularError::NotRegular(kind) => SourceError::NotRegular { path: path.to_path_buf(), kind },

@@ -8,12 +8,13 @@
 #![deny(clippy::indexing_slicing)]
 
 use std::cell::Cell;
-use std::io::Read;
 use std::path::Path;
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::{open_regular, SourceError};
+use super::file::regular_err;
+use super::SourceError;
+use crate::fsutil;
 
 /// Why a JSON file was not read.
 #[derive(Debug)]
@@ -106,17 +107,10 @@ pub fn check_values(text: &[u8], max_values: u64) -> Result<(), JsonError> {
 
 /// Read a JSON file within the caps.
 pub fn read_capped(path: &Path, max_bytes: u64, max_values: u64) -> Result<serde_json::Value, JsonError> {
-    let (file, meta) = open_regular(path).map_err(JsonError::Source)?;
-    if meta.len() > max_bytes {
-        return Err(JsonError::TooLarge { len: meta.len(), cap: max_bytes });
-    }
-    let mut text = Vec::with_capacity(meta.len() as usize);
-    file.take(max_bytes + 1)
-        .read_to_end(&mut text)
-        .map_err(|e| JsonError::Source(SourceError::Io { path: path.to_path_buf(), source: e }))?;
-    if text.len() as u64 > max_bytes {
-        return Err(JsonError::TooLarge { len: text.len() as u64, cap: max_bytes });
-    }
+    let text = fsutil::read_bounded(path, max_bytes).map_err(|e| match e {
+        fsutil::LimitedError::Regular(e) => JsonError::Source(regular_err(path, e)),
+        fsutil::LimitedError::TooLarge { len, cap } => JsonError::TooLarge { len, cap },
+    })?;
     std::str::from_utf8(&text).map_err(JsonError::NotUtf8)?;
     check_values(&text, max_values)?;
     serde_json::from_slice(&text).map_err(JsonError::Syntax)
