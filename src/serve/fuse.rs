@@ -1,7 +1,7 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
 //! errno. No filesystem logic lives here; besides translating, it decides per handle how
 //! the source is read (the client's `O_DIRECT`, the `source_io` option) and where reads run:
-//! direct reads on a pool of their own ([`direct_pool`]), and a read that would wait for a
+//! direct reads on a pool of their own ([`read_pool`]), and a read that would wait for a
 //! chunk (not in memory: loaded from the disk cache or computed) on another such pool, so the
 //! FUSE workers stay free for metadata, status files and ready bytes while every core
 //! computes.
@@ -30,9 +30,10 @@ fn handle_io(fh: FileHandle) -> SourceIo {
     if fh.0 & DIRECT_FH != 0 { SourceIo::Direct } else { SourceIo::Buffered }
 }
 
-/// The threads that serve reads of direct handles (and, a second pool of them, reads that
-/// wait for a chunk). A direct read holds its thread on the device for the whole request, so the FUSE worker hands it over and goes back for the
-/// next request: the requests of one client `preadv` (async direct I/O sends them at once)
+/// Threads that serve reads handed over by the FUSE workers: one pool for reads of direct
+/// handles, another for reads that wait for a chunk (threads named `xpackfs-dio-N` and
+/// `xpackfs-wait-N`). A direct read holds its thread on the device for the whole request,
+/// so the FUSE worker hands it over and goes back for the next request: the requests of one client `preadv` (async direct I/O sends them at once)
 /// and of its concurrent readers reach the device together, as a local reader's do, while
 /// page-cache reads stay on the few FUSE workers.
 ///
@@ -40,11 +41,11 @@ fn handle_io(fh: FileHandle) -> SourceIo {
 /// a chunk another read is computing, and a thread of a work-stealing pool that waits inside
 /// its own computation's parallel loop can pick up, and block on, the very read that waits
 /// for it.
-pub struct DirectPool {
+pub struct ReadPool {
     queue: Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
 }
 
-impl DirectPool {
+impl ReadPool {
     fn spawn(&self, job: impl FnOnce() + Send + 'static) {
         if let Err(std::sync::mpsc::SendError(job)) = self.queue.lock().send(Box::new(job)) {
             job(); // the threads are gone (shutting down): serve it here
@@ -52,8 +53,9 @@ impl DirectPool {
     }
 }
 
-/// `threads == 0`: no pool (direct reads on the FUSE worker).
-pub fn direct_pool(threads: usize) -> Result<Option<Arc<DirectPool>>, String> {
+/// A pool of `threads` threads named `xpackfs-{name}-N`; `threads == 0`: no pool (the reads
+/// stay on the FUSE worker).
+pub fn read_pool(name: &str, threads: usize) -> Result<Option<Arc<ReadPool>>, String> {
     if threads == 0 {
         return Ok(None);
     }
@@ -62,7 +64,7 @@ pub fn direct_pool(threads: usize) -> Result<Option<Arc<DirectPool>>, String> {
     for i in 0..threads {
         let rx = rx.clone();
         std::thread::Builder::new()
-            .name(format!("xpackfs-dio-{i}"))
+            .name(format!("xpackfs-{name}-{i}"))
             .spawn(move || loop {
                 let job = rx.lock().recv();
                 match job {
@@ -72,7 +74,7 @@ pub fn direct_pool(threads: usize) -> Result<Option<Arc<DirectPool>>, String> {
             })
             .map_err(|e| e.to_string())?;
     }
-    Ok(Some(Arc::new(DirectPool { queue: Mutex::new(tx) })))
+    Ok(Some(Arc::new(ReadPool { queue: Mutex::new(tx) })))
 }
 
 /// Contents never change while mounted, so attributes and entries can be cached long.
@@ -89,8 +91,8 @@ pub struct FuseAdapter {
     /// How handles read the source: `None` (auto) as the client opened the file (`O_DIRECT`
     /// or not), else always this (the `source_io` option).
     pub source_io: Option<SourceIo>,
-    /// Where reads of direct handles run (see [`direct_pool`]); `None`: on the FUSE worker.
-    pub direct_pool: Option<Arc<DirectPool>>,
+    /// Where reads of direct handles run (see [`read_pool`]); `None`: on the FUSE worker.
+    pub direct_pool: Option<Arc<ReadPool>>,
     /// Direct reads larger than this are read as parallel pieces on the pool (0: whole).
     pub direct_piece: usize,
     /// Negotiate FUSE_ASYNC_DIO (the `async_dio` option).
@@ -98,9 +100,9 @@ pub struct FuseAdapter {
     /// Whether any file is a whole source file (passthrough candidates), for the exit summary.
     pub passthrough_files: bool,
     pub mount_path: std::path::PathBuf,
-    /// Where reads that wait for a chunk run (a [`DirectPool`] of their own); `None`: on the
+    /// Where reads that wait for a chunk run (a [`ReadPool`] of their own); `None`: on the
     /// FUSE worker (views that compute nothing).
-    pub waiting: Option<Arc<DirectPool>>,
+    pub waiting: Option<Arc<ReadPool>>,
 }
 
 /// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are

@@ -171,13 +171,13 @@ pub fn mount(
         max_background: opts.max_background,
         direct_io: opts.direct_io.forced(),
         source_io: opts.source_io.0,
-        direct_pool: fuse::direct_pool(opts.direct_threads).map_err(MountError::Threads)?,
+        direct_pool: fuse::read_pool("dio", opts.direct_threads).map_err(MountError::Threads)?,
         async_dio: opts.async_dio,
         direct_piece: opts.direct_piece_kb << 10,
         passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
         passthrough_files,
         mount_path: mount_path.clone(),
-        waiting: if fs.has_computed() { fuse::direct_pool(WAITING_THREADS).map_err(MountError::Threads)? } else { None },
+        waiting: if fs.has_computed() { fuse::read_pool("wait", WAITING_THREADS).map_err(MountError::Threads)? } else { None },
     };
 
     let mut config = Config::default();
