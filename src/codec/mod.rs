@@ -218,8 +218,15 @@ pub fn dequantize_at(level: simd::Level, ty: GgmlType, src: &[u8], dst: &mut [f3
     {
         use simd::decode as d;
         let done = match ty.name {
-            "F16" => d::f16_to_f32(level, src, dst).map(Ok),
-            "BF16" => d::bf16_to_f32(level, src, dst).map(Ok),
+            // float.rs holds their dispatch (it falls back to the scalar code itself).
+            "F16" => {
+                float::f16_to_f32_at(level, src, dst);
+                Some(Ok(()))
+            }
+            "BF16" => {
+                float::bf16_to_f32_at(level, src, dst);
+                Some(Ok(()))
+            }
             "Q8_0" => d::dequantize_q8_0(level, src, dst).map(Ok),
             "Q2_K" => d::dequantize_q2_k(level, src, dst).map(Ok),
             "Q4_K" => d::dequantize_q4_k(level, src, dst).map(Ok),
