@@ -92,9 +92,10 @@ fn same_quantisation(level: Level, ty: QuantType, x: &[f32], n: usize, imp: Opti
     let rg = codec::quantize_rows_at(level, ty, x, n, imp, &mut got);
     assert_eq!(rg, rw, "{ty:?} {what} at {level}: result differs");
     if rw.is_ok()
-        && let Some(b) = got.iter().zip(&want).position(|(a, b)| a != b) {
-            panic!("{ty:?} {what} at {level}: byte {b} of {len} differs ({} vs scalar {})", got[b], want[b]);
-        }
+        && let Some(b) = got.iter().zip(&want).position(|(a, b)| a != b)
+    {
+        panic!("{ty:?} {what} at {level}: byte {b} of {len} differs ({} vs scalar {})", got[b], want[b]);
+    }
 }
 
 #[test]

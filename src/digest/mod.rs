@@ -150,8 +150,9 @@ fn obtain_where(
         }
     };
     if let Some(expected) = expected_source_sha256
-        && !expected.eq_ignore_ascii_case(&digests.source_sha256) {
-            return Err(DigestError::Mismatch { expected: expected.to_string(), actual: digests.source_sha256 });
-        }
+        && !expected.eq_ignore_ascii_case(&digests.source_sha256)
+    {
+        return Err(DigestError::Mismatch { expected: expected.to_string(), actual: digests.source_sha256 });
+    }
     Ok(digests)
 }

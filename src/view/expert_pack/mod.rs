@@ -154,12 +154,13 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
     let mut found: BTreeMap<(u32, usize), usize> = BTreeMap::new();
     for (i, t) in source.tensors.iter().enumerate() {
         if let Some(key) = parse_expert_name(&t.name)
-            && let Some(prev) = found.insert(key, i) {
-                return Err(layout_err(format!(
-                    "duplicate routed-expert tensor for layer {} role {}: {:?} and {:?}",
-                    key.0, ROLE_NAMES[key.1], source.tensors[prev].name, t.name
-                )));
-            }
+            && let Some(prev) = found.insert(key, i)
+        {
+            return Err(layout_err(format!(
+                "duplicate routed-expert tensor for layer {} role {}: {:?} and {:?}",
+                key.0, ROLE_NAMES[key.1], source.tensors[prev].name, t.name
+            )));
+        }
     }
     if found.is_empty() {
         return Err(layout_err("the source has no routed-expert tensors named blk.N.ffn_{gate,up,down}_exps.weight"));
@@ -171,9 +172,10 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
     }
     let num_layers = last + 1;
     if let Some(n) = opts.num_layers
-        && n != num_layers {
-            return Err(option_err("num_layers", format!("{n} disagrees with the source, whose expert tensors cover layers 0..{num_layers}")));
-        }
+        && n != num_layers
+    {
+        return Err(option_err("num_layers", format!("{n} disagrees with the source, whose expert tensors cover layers 0..{num_layers}")));
+    }
     let mut roles = Vec::with_capacity(num_layers as usize);
     let mut missing = Vec::new();
     for layer in 0..num_layers {
@@ -246,18 +248,21 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
         return Err(layout_err("layer and expert numbers must fit the index's u16 fields"));
     }
     if let Some(n) = opts.num_experts
-        && n != num_experts {
-            return Err(option_err("num_experts", format!("{n} disagrees with the source's expert tensors, which hold {num_experts}")));
-        }
+        && n != num_experts
+    {
+        return Err(option_err("num_experts", format!("{n} disagrees with the source's expert tensors, which hold {num_experts}")));
+    }
     if let Some(meta) = source.gguf()
         && let Some(n) = meta.arch_u64("expert_count")
-            && n != num_experts as u64 {
-                return Err(layout_err(format!("metadata expert_count is {n} but the expert tensors hold {num_experts} experts")));
-            }
+        && n != num_experts as u64
+    {
+        return Err(layout_err(format!("metadata expert_count is {n} but the expert tensors hold {num_experts} experts")));
+    }
     if let Some(k) = opts.top_k
-        && (k == 0 || k > num_experts) {
-            return Err(option_err("top_k", format!("{k} must be between 1 and the expert count {num_experts}")));
-        }
+        && (k == 0 || k > num_experts)
+    {
+        return Err(option_err("top_k", format!("{k} must be between 1 and the expert count {num_experts}")));
+    }
     let role_nbytes = role_nbytes.unwrap().0;
     let object_count = num_layers as u64 * num_experts as u64;
     let index_count = object_count * 3;
