@@ -40,7 +40,7 @@ pub fn run(a: MountArgs) -> i32 {
     super::init_logging(options.serve.debug);
     let result = Context::new(Purpose::Mount, location, command, &options.view).map_err(|e| e.to_string()).and_then(|ctx| {
         let built = build(&source, &options.view, &ctx)?;
-        serve::mount(&source, &mountpoint, built, ctx.tiers.clone(), options.view.tiers.prewarm, &options.serve, &mut ready).map_err(|e| e.to_string())
+        serve::mount(&source, &mountpoint, built, ctx.tiers.clone(), &options.view.tiers, &options.serve, &mut ready).map_err(|e| e.to_string())
     });
     match result {
         Ok(()) => 0,

@@ -114,7 +114,8 @@ pub fn run(a: WarmArgs) -> i32 {
         let files = select(built.tree.files(), &a.paths)?;
         let items = warm::plan(&files);
         let total: u64 = items.iter().map(|i| i.bytes).sum();
-        let need = warm::disk_bytes(&items);
+        let entries = view::file_entries::FileEntries::of(&ctx.tiers, opts.tiers.disk_cache_files);
+        let need = warm::disk_bytes(&items) + if entries.is_some() { warm::file_bytes(&files) } else { 0 };
         if need > disk.budget() {
             tracing::warn!(
                 "the chunks to warm take {need} bytes in the disk cache, more than its bound of {} (disk_cache_gb): older entries are evicted while warming and the cache will not hold all of them",
@@ -130,9 +131,13 @@ pub fn run(a: WarmArgs) -> i32 {
             let _bar = Bar::start(total, progress.clone());
             warm::run(&ctx.tiers, &items, prio, &progress)
         };
+        let files_report = entries.map(|e| warm::write_files(&ctx.tiers, &e, &files, prio)).unwrap_or_default();
         let snap = disk.snapshot();
         if a.json {
-            println!("{}", serde_json::json!({"warm": report, "disk_cache": snap, "bytes_computed": ctx.tiers.mem.stats.bytes_computed.load(Relaxed)}));
+            println!(
+                "{}",
+                serde_json::json!({"warm": report, "files": files_report, "disk_cache": snap, "bytes_computed": ctx.tiers.mem.stats.bytes_computed.load(Relaxed)})
+            );
         } else {
             eprintln!(
                 "warmed {} chunk groups ({} bytes) into {}: {} computed, {} already present, {} failed, in {:.1}s",
@@ -144,6 +149,12 @@ pub fn run(a: WarmArgs) -> i32 {
                 report.failed,
                 report.seconds
             );
+            if files_report.written + files_report.present + files_report.skipped > 0 {
+                eprintln!(
+                    "kept {} files whole ({} bytes) in {:.1}s, {} already there, {} not (a chunk missing or the cache refused)",
+                    files_report.written, files_report.bytes, files_report.seconds, files_report.present, files_report.skipped
+                );
+            }
         }
         if snap.write_errors > 0 {
             tracing::warn!("{} entries could not be written to the disk cache (see the warnings above): warm again once the cause is fixed", snap.write_errors);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::source::SourceIo;
+use crate::view::file_entries::{self, FileEntries};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +125,25 @@ pub struct Fs {
     /// bytes (reads of a fresh rendering per request could splice two versions together).
     snapshots: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Vec<u8>>>>,
     next_handle: AtomicU64,
+    /// Whole files kept in the disk cache, for passthrough opens ([`Fs::passthrough_backing`]).
+    files: Option<Arc<FileEntries>>,
+}
+
+/// What a passthrough open hands the kernel: a whole source file, or a file entry of the
+/// disk cache that holds the file's bytes.
+#[derive(Debug)]
+pub enum Backing {
+    Source(Arc<crate::source::SourceFile>),
+    Entry(std::fs::File),
+}
+
+impl Backing {
+    pub fn file(&self) -> &std::fs::File {
+        match self {
+            Backing::Source(s) => s.file(),
+            Backing::Entry(f) => f,
+        }
+    }
 }
 
 /// File handle of opens that need no per-handle state.
@@ -135,7 +155,38 @@ impl Fs {
     }
 
     pub fn with_stats(tree: Tree, owner: Ownership, stats: Arc<Stats>) -> Self {
-        Fs { tree: Arc::new(tree), owner, stats, snapshots: Default::default(), next_handle: AtomicU64::new(1) }
+        Fs { tree: Arc::new(tree), owner, stats, snapshots: Default::default(), next_handle: AtomicU64::new(1), files: None }
+    }
+
+    /// Serve files kept whole in the disk cache by passthrough, and write them behind.
+    pub fn with_file_entries(mut self, files: Option<Arc<FileEntries>>) -> Self {
+        self.files = files;
+        self
+    }
+
+    pub fn file_entries(&self) -> Option<&Arc<FileEntries>> {
+        self.files.as_ref()
+    }
+
+    fn vfile(&self, ino: Ino) -> Option<&Arc<crate::view::VirtualFile>> {
+        match self.tree.get(ino).map(|n| &n.kind) {
+            Some(NodeKind::File(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Whether a passthrough open of `ino` may be possible: a whole source file, or a file
+    /// that can have a file entry.
+    pub fn may_pass_through(&self, ino: Ino) -> bool {
+        self.vfile(ino).is_some_and(|f| f.whole_source().is_some() || (self.files.is_some() && file_entries::key(f).is_some()))
+    }
+
+    /// The last non-passthrough handle of `ino` was closed: write its file entry behind if
+    /// every chunk of it is in the disk cache.
+    pub fn closed(&self, ino: Ino) {
+        if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
+            files.write_behind(f);
+        }
     }
 
     /// Status files change between reads: no caching of their pages or attributes.
@@ -233,15 +284,18 @@ impl Fs {
         self.tree.vfiles().any(|f| !f.is_identity())
     }
 
-    /// For a file that is a whole source file: that file, checked now to be unchanged (so a
-    /// FUSE passthrough open hands the kernel only the inode that was validated, unchanged).
-    /// `Ok(None)` for every other file.
-    pub fn passthrough_source(&self, ino: Ino) -> Result<Option<Arc<crate::source::SourceFile>>, FsError> {
+    /// What a passthrough open of `ino` hands the kernel: for a whole source file, that
+    /// file, checked now to be unchanged (so the kernel gets only the inode that was
+    /// validated); for a file kept whole in the disk cache, its entry, checked
+    /// ([`crate::view::disk_cache::DiskCache::file_entry`]). `Ok(None)` for every other file.
+    pub fn passthrough_backing(&self, ino: Ino) -> Result<Option<Backing>, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let NodeKind::File(f) = &node.kind else { return Ok(None) };
-        let Some(src) = f.whole_source() else { return Ok(None) };
-        src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
-        Ok(Some(src.clone()))
+        if let Some(src) = f.whole_source() {
+            src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
+            return Ok(Some(Backing::Source(src.clone())));
+        }
+        Ok(self.files.as_ref().and_then(|files| files.open(f)).map(Backing::Entry))
     }
 
     /// Read into `buf` through handle `fh`; returns the byte count (short only at end of file).

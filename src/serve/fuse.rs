@@ -19,7 +19,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use super::fs::{Attr, Fs, FsError, Kind};
+use super::fs::{Attr, Backing, Fs, FsError, Kind};
 use crate::source::SourceIo;
 
 /// File-handle bit of handles that read the source with direct I/O (the filesystem's own
@@ -105,17 +105,33 @@ pub struct FuseAdapter {
     pub waiting: Option<Arc<ReadPool>>,
 }
 
-/// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files are
-/// opened with the source as backing file, and the kernel serves their reads and mmaps
-/// itself. One backing id per inode, shared by its open handles, closed with the last one.
+/// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files, and
+/// files kept whole in the disk cache (file entries), are opened with that file as backing
+/// file, and the kernel serves their reads and mmaps itself. One backing id per inode,
+/// shared by its open handles, closed with the last one.
+///
+/// The kernel refuses (EIO to the client) a passthrough open of an inode that has a
+/// page-cached handle open, and the reverse; so every open of a file that may pass through
+/// is decided here, under one lock, from what is open: an inode with a backing id in use
+/// passes through, one with other handles open does not, and only one with neither gets a
+/// new backing id. (The kernel forgets a handle before it sends its release, so this
+/// bookkeeping is never behind the kernel's.)
 #[derive(Default)]
 pub struct Passthrough {
     /// Asked for (`passthrough=auto`), then cleared if the kernel or our privileges say no.
     enabled: AtomicBool,
-    by_inode: Mutex<HashMap<u64, Weak<BackingId>>>,
+    inodes: Mutex<HashMap<u64, InodeOpens>>,
     by_handle: Mutex<HashMap<u64, Arc<BackingId>>>,
     next_fh: AtomicU64,
     pub opens: AtomicU64,
+}
+
+/// Open handles of one inode that may pass through.
+#[derive(Default)]
+struct InodeOpens {
+    backing: Weak<BackingId>,
+    /// Handles served through the daemon (page-cached).
+    cached: u32,
 }
 
 impl Passthrough {
@@ -128,25 +144,59 @@ impl Passthrough {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// A handle for `ino` and its backing id: the inode's existing one, or `source`
-    /// registered with the kernel now. The handle keeps the id alive until `release`.
-    fn open(&self, ino: u64, source: &crate::source::SourceFile, reply: &ReplyOpen) -> std::io::Result<(u64, Arc<BackingId>)> {
-        let mut by_inode = self.by_inode.lock();
-        let id = match by_inode.get(&ino).and_then(Weak::upgrade) {
-            Some(id) => id,
-            None => {
-                let id = Arc::new(reply.open_backing(source.file())?);
-                by_inode.insert(ino, Arc::downgrade(&id));
+    /// Whether `ino` has handles open through the daemon (a new backing is then of no use).
+    fn has_cached(&self, ino: u64) -> bool {
+        self.inodes.lock().get(&ino).is_some_and(|o| o.cached > 0)
+    }
+
+    /// Decide how an open of `ino` is served: `Some((handle, id))` passes through (the
+    /// inode's backing id in use, or `backing` registered with the kernel now), `None` is
+    /// served through the daemon and counted until its release.
+    fn open(&self, ino: u64, backing: Option<&Backing>, reply: &ReplyOpen) -> std::io::Result<Option<(u64, Arc<BackingId>)>> {
+        let mut inodes = self.inodes.lock();
+        let state = inodes.entry(ino).or_default();
+        let id = match (state.backing.upgrade(), backing) {
+            (Some(id), _) => id,
+            (None, Some(b)) if state.cached == 0 => {
+                let id = Arc::new(reply.open_backing(b.file())?);
+                state.backing = Arc::downgrade(&id);
                 id
             }
+            _ => {
+                state.cached += 1;
+                return Ok(None);
+            }
         };
-        drop(by_inode);
+        drop(inodes);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if self.opens.fetch_add(1, Ordering::Relaxed) == 0 {
-            tracing::info!("passthrough: first open served from its backing file ({})", source.path().display());
+            let what = match backing {
+                Some(Backing::Source(s)) => s.path().display().to_string(),
+                _ => "a file entry of the disk cache".into(),
+            };
+            tracing::info!("passthrough: first open served from its backing file ({what})");
         }
         self.by_handle.lock().insert(fh, id.clone());
-        Ok((fh, id))
+        Ok(Some((fh, id)))
+    }
+
+    /// Handle `fh` of `ino` is released; returns whether it was the inode's last handle
+    /// served through the daemon.
+    fn release(&self, ino: u64, fh: u64) -> bool {
+        if self.by_handle.lock().remove(&fh).is_some() {
+            return false;
+        }
+        let mut inodes = self.inodes.lock();
+        let Some(state) = inodes.get_mut(&ino) else { return false };
+        if state.cached == 0 {
+            return false;
+        }
+        state.cached -= 1;
+        let last = state.cached == 0;
+        if last && state.backing.strong_count() == 0 {
+            inodes.remove(&ino);
+        }
+        last
     }
 
     fn disable(&self, why: &str) {
@@ -206,7 +256,7 @@ impl Filesystem for FuseAdapter {
                     if config.set_max_stack_depth(2).is_err() && config.set_max_stack_depth(1).is_err() {
                         self.passthrough.disable("the kernel refused a stacking depth");
                     } else {
-                        tracing::info!("FUSE passthrough negotiated: whole source files are served by the kernel");
+                        tracing::info!("FUSE passthrough negotiated: whole source files and disk-cache file entries are served by the kernel");
                     }
                 }
                 Err(_) => self.passthrough.disable("the kernel does not offer it"),
@@ -244,7 +294,7 @@ impl Filesystem for FuseAdapter {
     /// *path* if fuser still thinks it mounted, and a new mount made there in the meantime
     /// (a quick remount, a service restart) would be the one unmounted.
     fn destroy(&mut self) {
-        if self.passthrough_files {
+        if self.passthrough_files || self.fs.file_entries().is_some() {
             let n = self.passthrough.opens.load(Ordering::Relaxed);
             let reads = self.fs.stats.reads.load(Ordering::Relaxed);
             tracing::info!("passthrough: {n} opens served by the kernel from backing files; {reads} reads through the daemon");
@@ -277,14 +327,19 @@ impl Filesystem for FuseAdapter {
             Ok(fh) => fh,
             Err(e) => return reply.error(e),
         };
-        if self.passthrough.is_enabled() {
-            match guarded("open", || self.fs.passthrough_source(ino.0)) {
-                Ok(Some(source)) => match self.passthrough.open(ino.0, &source, &reply) {
-                    Ok((fh, id)) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
-                    Err(e) => self.passthrough.disable(&format!("backing file registration failed: {e}")),
-                },
+        if self.passthrough.is_enabled() && self.fs.may_pass_through(ino.0) {
+            let backing = if self.passthrough.has_cached(ino.0) {
+                None
+            } else {
+                match guarded("open", || self.fs.passthrough_backing(ino.0)) {
+                    Ok(b) => b,
+                    Err(e) => return reply.error(e),
+                }
+            };
+            match self.passthrough.open(ino.0, backing.as_ref(), &reply) {
+                Ok(Some((fh, id))) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
                 Ok(None) => {}
-                Err(e) => return reply.error(e),
+                Err(e) => self.passthrough.disable(&format!("backing file registration failed: {e}")),
             }
         }
         // The client's O_DIRECT decides how this handle reads the source (unless overridden).
@@ -343,17 +398,21 @@ impl Filesystem for FuseAdapter {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // The last handle of an inode closes its backing id.
-        self.passthrough.by_handle.lock().remove(&fh.0);
+        // The last handle of an inode closes its backing id; the last one through the daemon
+        // may leave a file whose chunks are all on disk: its file entry is written behind.
+        let last_cached = self.passthrough.release(ino.0, fh.0);
         self.fs.release(fh.0 & !DIRECT_FH);
         reply.ok();
+        if last_cached && self.passthrough.is_enabled() {
+            self.fs.closed(ino.0);
+        }
     }
 
     /// Nothing is buffered for writing: nothing to flush.

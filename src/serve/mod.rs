@@ -128,7 +128,7 @@ pub fn mount(
     mountpoint: &str,
     built: Built,
     tiers: Arc<Tiers>,
-    prewarm: bool,
+    tier_opts: &crate::view::compute::Options,
     opts: &ServeOptions,
     ready: &mut daemon::Readiness,
 ) -> Result<(), MountError> {
@@ -141,7 +141,14 @@ pub fn mount(
     let want_stats = opts.stats.unwrap_or(!view.exclusive_root());
     let owner = ownership_of(source_path).map_err(|e| MountError::Source { path: source_path.to_path_buf(), source: e })?;
     let stats: Arc<fs::Stats> = Arc::default();
-    let stats_json = stats_content(stats.clone(), tiers.clone(), tree.vfiles().count());
+    // File entries only help a mount that can pass them through to the kernel.
+    let files = if opts.passthrough { crate::view::file_entries::FileEntries::of(&tiers, tier_opts.disk_cache_files) } else { None };
+    // Passthrough where files are whole source files (INT8 tree mounts) or can be kept
+    // whole in the disk cache.
+    let passthrough_files = tree.vfiles().any(|f| f.whole_source().is_some());
+    let file_entries = files.is_some() && tree.vfiles().any(|f| crate::view::file_entries::key(f).is_some());
+    let passthrough = Arc::new(fuse::Passthrough::new(opts.passthrough && (passthrough_files || file_entries)));
+    let stats_json = stats_content(stats.clone(), tiers.clone(), tree.vfiles().count(), files.clone(), passthrough.clone());
     if want_stats {
         let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
         tree.add_dynamic(hidden, "stats.json", stats_json.clone());
@@ -155,7 +162,7 @@ pub fn mount(
             }
         });
     }
-    let fs = Arc::new(Fs::with_stats(tree, owner, stats));
+    let fs = Arc::new(Fs::with_stats(tree, owner, stats).with_file_entries(files));
     // Building a large view (the INT8 tree of a full-size model has 66,000 files; manifest
     // lengths are computed by rendering them once) leaves freed heap behind: give it back.
     #[cfg(target_env = "gnu")]
@@ -163,8 +170,6 @@ pub fn mount(
     unsafe {
         libc::malloc_trim(0);
     }
-    // Passthrough only where files are whole source files (INT8 tree mounts).
-    let passthrough_files = fs.tree().vfiles().any(|f| f.whole_source().is_some());
     let adapter = fuse::FuseAdapter {
         fs: fs.clone(),
         max_read: opts.max_read,
@@ -174,7 +179,7 @@ pub fn mount(
         direct_pool: fuse::read_pool("dio", opts.direct_threads).map_err(MountError::Threads)?,
         async_dio: opts.async_dio,
         direct_piece: opts.direct_piece_kb << 10,
-        passthrough: Arc::new(fuse::Passthrough::new(opts.passthrough && passthrough_files)),
+        passthrough,
         passthrough_files,
         mount_path: mount_path.clone(),
         waiting: if fs.has_computed() { fuse::read_pool("wait", WAITING_THREADS).map_err(MountError::Threads)? } else { None },
@@ -239,8 +244,8 @@ pub fn mount(
         crate::codec::simd::describe()
     );
     ready.ready(opts.log_file.as_deref());
-    if prewarm {
-        start_prewarm(fs.tree().files(), tiers);
+    if tier_opts.prewarm {
+        start_prewarm(fs.tree().files(), tiers, fs.file_entries().cloned());
     }
     // Returns only on errors: a normal end (the kernel unmounted) exits in `destroy`.
     session.run().map_err(MountError::Session)?;
@@ -250,7 +255,7 @@ pub fn mount(
 /// Compute every persistent chunk of the view into the disk cache, on the background pool
 /// (niced, idle I/O class): reads run first, and a read that needs a chunk being warmed
 /// promotes it.
-fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>) {
+fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>, entries: Option<Arc<crate::view::file_entries::FileEntries>>) {
     let Some(disk) = tiers.disk.clone() else {
         tracing::warn!("prewarm=on needs a disk cache (disk_cache=DIR): not prewarming");
         return;
@@ -268,6 +273,10 @@ fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc
         tracing::info!("prewarm: {} chunk groups, {need} bytes, into {}", items.len(), disk.config().dir.display());
         let r = warm::run(&tiers, &items, Priority::Background, &warm::Progress::default());
         tracing::info!("prewarm done in {:.1}s: {} computed, {} already present, {} failed", r.seconds, r.computed, r.present, r.failed);
+        if let Some(e) = entries {
+            let f = warm::write_files(&tiers, &e, &files, Priority::Background);
+            tracing::info!("prewarm: {} files kept whole ({} bytes), {} already, {} not", f.written, f.bytes, f.present, f.skipped);
+        }
     });
     if let Err(e) = spawned {
         tracing::warn!("prewarm: cannot start its thread: {e}");
@@ -275,7 +284,13 @@ fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc
 }
 
 /// `/.xpackfs/stats.json`: counters of the mount, generated at each read.
-fn stats_content(stats: Arc<fs::Stats>, tiers: Arc<Tiers>, files: usize) -> crate::view::tree::DynamicContent {
+fn stats_content(
+    stats: Arc<fs::Stats>,
+    tiers: Arc<Tiers>,
+    files: usize,
+    entries: Option<Arc<crate::view::file_entries::FileEntries>>,
+    passthrough: Arc<fuse::Passthrough>,
+) -> crate::view::tree::DynamicContent {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     Arc::new(move || {
@@ -306,6 +321,12 @@ fn stats_content(stats: Arc<fs::Stats>, tiers: Arc<Tiers>, files: usize) -> crat
                 "bytes_from_disk": c.bytes_from_disk.load(Relaxed),
             },
             "disk_cache": tiers.disk.as_ref().map(|d| d.snapshot()),
+            "passthrough": {
+                "enabled": passthrough.is_enabled(),
+                "opens": passthrough.opens.load(Relaxed),
+                "file_entries": entries.is_some(),
+                "file_entries_pending": entries.as_ref().map_or(0, |e| e.pending()),
+            },
             "compute": tiers.compute_snapshot(),
         });
         let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();

@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
-use super::disk_cache::{source_file_keys, KeyBuilder, ProducerKey};
+use super::disk_cache::{source_file_keys, DiskKey, KeyBuilder, ProducerKey};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
@@ -357,6 +357,9 @@ impl ChunkSource for Fp8Chunks {
     fn prefetch(&self, id: u64) {
         self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
     }
+    fn disk_key(&self, id: u64) -> Option<DiskKey> {
+        Some(self.0.key.chunk(id))
+    }
 }
 
 /// A floating-point tensor served from the source after checking it is finite.
@@ -388,6 +391,9 @@ impl ChunkSource for CheckedChunks {
     }
     fn prefetch(&self, id: u64) {
         self.0.tiers.prefetch(&self.group(id), 0, Priority::Read);
+    }
+    fn disk_key(&self, id: u64) -> Option<DiskKey> {
+        Some(self.0.key.chunk(id))
     }
 }
 

@@ -136,7 +136,7 @@ impl<E> std::fmt::Debug for ComputePool<E> {
 
 /// Lower the calling thread's CPU priority by `nice` and optionally put it in the idle I/O
 /// class (both are per thread on Linux).
-fn deprioritise_this_thread(nice: i32, idle_io: bool) {
+pub(super) fn deprioritise_this_thread(nice: i32, idle_io: bool) {
     if nice > 0 {
         // SAFETY: nice() only changes the calling thread's niceness; errors are harmless.
         unsafe { libc::nice(nice) };
@@ -420,6 +420,11 @@ pub struct Options {
     /// low priority, yielding to reads (needs disk_cache)
     #[arg(long, default_value = "off", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Chunk caches")]
     pub prewarm: bool,
+    /// on|off: files of a computed view are also kept whole in the disk cache (after `warm`,
+    /// or once a mount read every chunk of one), and a mount hands those to the kernel (FUSE
+    /// passthrough, as root): reads at local-disk speed. Costs the file's bytes again on disk
+    #[arg(long, default_value = "on", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Chunk caches")]
+    pub disk_cache_files: bool,
     /// Threads that compute chunks (default: the CPU count)
     #[arg(long, value_parser = int_in::<usize>(1, 1024), help_heading = "Chunk caches")]
     pub compute_threads: Option<usize>,

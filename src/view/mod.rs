@@ -15,6 +15,7 @@ pub mod compute;
 pub mod derived;
 pub mod disk_cache;
 pub mod expert_pack;
+pub mod file_entries;
 pub mod imatrix;
 pub mod kimi_pack;
 pub mod kt_int8;

@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 
 use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
-use super::disk_cache::{source_file_keys, KeyBuilder, ProducerKey};
+use super::disk_cache::{source_file_keys, DiskKey, KeyBuilder, ProducerKey};
 use super::imatrix::Imatrix;
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::{self, mxfp4, QuantType};
@@ -225,6 +225,9 @@ impl ChunkSource for QuantChunks {
     }
     fn prefetch(&self, id: u64) {
         self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
+    }
+    fn disk_key(&self, id: u64) -> Option<DiskKey> {
+        Some(self.0.key.chunk(id))
     }
 }
 

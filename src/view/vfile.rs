@@ -40,6 +40,12 @@ pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     /// waiting for it, unless it is in memory or on its way (read-ahead; the views run it at
     /// read priority, see `Tiers::prefetch`).
     fn prefetch(&self, _id: u64) {}
+    /// The disk-cache key of chunk `id` (a digest of everything its bytes depend on), for
+    /// the key of a whole-file entry ([`super::file_entries`]); `None`: not keyed (such a
+    /// file gets no file entry).
+    fn disk_key(&self, _id: u64) -> Option<super::disk_cache::DiskKey> {
+        None
+    }
 }
 
 /// How far a read looks ahead of itself in its file: the computed chunks that start within
@@ -80,6 +86,8 @@ pub struct VirtualFile {
     /// Built from digests of other files (manifests, [`super::derived`]): materialize writes
     /// it after them.
     derived: bool,
+    /// The key of its whole-file disk-cache entry, found once ([`super::file_entries`]).
+    file_key: OnceLock<Option<super::disk_cache::DiskKey>>,
     /// Ranges whose sha256 a derived file needs (besides the whole file).
     digest_ranges: parking_lot::Mutex<Vec<(u64, u64)>>,
     /// Digests already known for (offset, len), recorded by whoever streamed those bytes.
@@ -251,6 +259,11 @@ impl VirtualFile {
                 Extent::Computed { source, id, .. } => source.ready(*id),
                 _ => true,
             })
+    }
+
+    /// Where the key of its file entry is kept once found ([`super::file_entries::key`]).
+    pub(super) fn file_key_cell(&self) -> &OnceLock<Option<super::disk_cache::DiskKey>> {
+        &self.file_key
     }
 
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).

@@ -2,6 +2,10 @@
 //! priority or niced) and a mount's `prewarm=on` (the background pool, yielding to reads)
 //! both run [`run`] over the items [`plan`] lists.
 //!
+//! After the chunks, [`write_files`] keeps each warmed file whole in the disk cache too
+//! ([`super::file_entries`]), from the chunks now on disk: a later mount hands those files to
+//! the kernel.
+//!
 //! Resumable by construction: an item whose chunks are on disk already is found by a
 //! presence check (size, no read) and skipped, so an interrupted warm-up continues where it
 //! stopped. Chunks computed by one job (kt-int8's sibling files) are one item, asked for
@@ -16,7 +20,8 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use super::compute::{Priority, Tiers, Warmed};
-use super::disk_cache::HEADER_BYTES;
+use super::disk_cache::{seal_len, HEADER_BYTES};
+use super::file_entries::{self, FileEntries};
 use super::{ChunkSource, Extent, VirtualFile};
 
 /// One job's worth of chunks to warm.
@@ -121,6 +126,49 @@ pub fn run(tiers: &Tiers, items: &[Item], prio: Priority, progress: &Progress) -
         computed: progress.computed.load(Relaxed),
         failed: progress.failed.load(Relaxed),
         errors: errors.into_inner(),
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Disk-cache bytes the file entries of `files` take (data and seal).
+pub fn file_bytes(files: &[(String, Arc<VirtualFile>)]) -> u64 {
+    files.iter().filter(|(_, f)| file_entries::key(f).is_some()).map(|(_, f)| f.size() + seal_len(f.size())).sum()
+}
+
+/// What [`write_files`] did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FilesReport {
+    /// File entries written now, found present, and not written (a chunk missing from the
+    /// disk cache, or the cache refused: see the warnings).
+    pub written: u64,
+    pub present: u64,
+    pub skipped: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// Keep every file of `files` that can have a file entry whole in the disk cache, if all
+/// its chunks are there (nothing is computed), on the pool at `prio`.
+pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<VirtualFile>)], prio: Priority) -> FilesReport {
+    let started = Instant::now();
+    let (written, present, skipped, bytes) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    tiers.pool.install(prio, || {
+        files.par_iter().filter(|(_, f)| file_entries::key(f).is_some()).for_each(|(_, f)| {
+            if entries.has(f) {
+                present.fetch_add(1, Relaxed);
+            } else if file_entries::chunks_on_disk(f, entries.disk()) && entries.write(f) {
+                written.fetch_add(1, Relaxed);
+                bytes.fetch_add(f.size(), Relaxed);
+            } else {
+                skipped.fetch_add(1, Relaxed);
+            }
+        })
+    });
+    FilesReport {
+        written: written.into_inner(),
+        present: present.into_inner(),
+        skipped: skipped.into_inner(),
+        bytes: bytes.into_inner(),
         seconds: started.elapsed().as_secs_f64(),
     }
 }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
-use super::disk_cache::{source_file_keys, KeyBuilder, ProducerKey};
+use super::disk_cache::{source_file_keys, DiskKey, KeyBuilder, ProducerKey};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};
@@ -524,6 +524,9 @@ impl ChunkSource for Int8Chunks {
     fn warm(&self, _id: u64, prio: Priority) -> Result<Warmed, ViewError> {
         let lens: Vec<u64> = (0..2 * self.0.numa).map(|i| self.0.part_len(i)).collect();
         self.0.tiers.warm(&self.0.group(), &lens, prio)
+    }
+    fn disk_key(&self, id: u64) -> Option<DiskKey> {
+        Some(self.0.key.chunk(id))
     }
 }
 

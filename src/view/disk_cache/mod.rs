@@ -41,6 +41,9 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use twox_hash::XxHash3_128;
 
+mod files;
+pub use files::{seal_len, BLOCK as FILE_BLOCK};
+
 /// Entry format: magic (with the format version), key, payload length, checksum.
 const MAGIC: [u8; 8] = *b"XPKFSDC1";
 pub const HEADER_BYTES: u64 = 64;
@@ -202,6 +205,12 @@ pub struct DiskStats {
     pub corrupt: AtomicU64,
     /// Temporary files of writers that died, removed.
     pub stale_temps: AtomicU64,
+    /// File entries ([`files`]) found sound and handed out, found absent, found changed and
+    /// checked good block by block, and written.
+    pub file_hits: AtomicU64,
+    pub file_misses: AtomicU64,
+    pub file_rechecks: AtomicU64,
+    pub file_writes: AtomicU64,
 }
 
 /// The counters at one moment, for `.xpackfs/stats.json` and the periodic log line.
@@ -223,6 +232,10 @@ pub struct DiskStatsSnapshot {
     pub evicted_bytes: u64,
     pub corrupt: u64,
     pub stale_temps: u64,
+    pub file_hits: u64,
+    pub file_misses: u64,
+    pub file_rechecks: u64,
+    pub file_writes: u64,
 }
 
 /// What an eviction pass found and did.
@@ -567,8 +580,13 @@ impl DiskCache {
                 if total <= target {
                     break;
                 }
+                // A file entry goes seal first, then its data (counted in the seal's size).
+                let data = path.to_str().and_then(|p| p.strip_suffix(".seal")).map(PathBuf::from);
                 match fs::remove_file(path) {
                     Ok(()) => {
+                        if let Some(d) = data {
+                            let _ = fs::remove_file(d);
+                        }
                         total -= size;
                         report.evicted += 1;
                         self.stats.evictions.fetch_add(1, Relaxed);
@@ -595,17 +613,33 @@ impl DiskCache {
         report
     }
 
-    /// (mtime, size, path) of every entry.
+    /// (use time, size, path) of every entry: chunk entries (their mtime), file entries
+    /// (their seal's mtime, the size of seal and data) and file data left without a seal.
     fn scan(&self) -> Vec<(SystemTime, u64, PathBuf)> {
         let mut out = Vec::new();
-        let Ok(shards) = fs::read_dir(self.cfg.dir.join("entries")) else { return out };
-        for shard in shards.flatten() {
-            let Ok(files) = fs::read_dir(shard.path()) else { continue };
-            for f in files.flatten() {
-                if let Ok(m) = f.metadata()
-                    && m.is_file()
-                {
-                    out.push((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), f.path()));
+        for top in ["entries", "files"] {
+            let Ok(shards) = fs::read_dir(self.cfg.dir.join(top)) else { continue };
+            for shard in shards.flatten() {
+                let Ok(files) = fs::read_dir(shard.path()) else { continue };
+                let mut found: Vec<(PathBuf, fs::Metadata)> =
+                    files.flatten().filter_map(|f| f.metadata().ok().filter(|m| m.is_file()).map(|m| (f.path(), m))).collect();
+                if top == "files" {
+                    // A seal stands for its data too.
+                    found.sort_by(|a, b| a.0.cmp(&b.0));
+                    let data_len = |seal: &Path| {
+                        let d = seal.with_extension("");
+                        found.binary_search_by(|(p, _)| p.as_path().cmp(&d)).ok().map(|i| found[i].1.len())
+                    };
+                    for (path, m) in &found {
+                        let mtime = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                        if path.extension().is_some_and(|e| e == "seal") {
+                            out.push((mtime, m.len() + data_len(path).unwrap_or(0), path.clone()));
+                        } else if !found.iter().any(|(p, _)| p.extension().is_some_and(|e| e == "seal") && p.with_extension("") == *path) {
+                            out.push((mtime, m.len(), path.clone()));
+                        }
+                    }
+                } else {
+                    out.extend(found.into_iter().map(|(p, m)| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), p)));
                 }
             }
         }
@@ -642,6 +676,10 @@ impl DiskCache {
             evicted_bytes: s.evicted_bytes.load(Relaxed),
             corrupt: s.corrupt.load(Relaxed),
             stale_temps: s.stale_temps.load(Relaxed),
+            file_hits: s.file_hits.load(Relaxed),
+            file_misses: s.file_misses.load(Relaxed),
+            file_rechecks: s.file_rechecks.load(Relaxed),
+            file_writes: s.file_writes.load(Relaxed),
         }
     }
 }

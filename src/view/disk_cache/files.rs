@@ -1,0 +1,335 @@
+//! File entries: whole files of a view kept in the disk cache, byte for byte as the view
+//! serves them, so a mount can hand a file to the kernel (FUSE passthrough) and the kernel
+//! serves its reads and mmaps from this file at local-disk speed, without the daemon.
+//!
+//! A file entry is two files in `files/<2 hex>/`: `<64 hex>` (the data, exactly the view
+//! file's bytes: the kernel reads it from offset 0) and `<64 hex>.seal`. The seal holds the
+//! key, the size, an XXH3-64 checksum of every 1 MiB block (of key, block index and bytes),
+//! the data file's inode number, ctime and mtime as they were right after it was written and
+//! checked, and an XXH3-128 checksum of the seal itself.
+//!
+//! Why this is a sound check without reading the data at each open: a data file that is
+//! truncated, replaced, written to or has its times set since it was sealed has another
+//! inode, size or ctime (the kernel sets ctime on every change; userspace cannot set it, and
+//! since Linux 6.13 a change after the ctime was read always gets a later one). Then
+//! [`DiskCache::file_entry`] reads the whole file and checks every block before anything is
+//! served: good, it is sealed again; wrong, it is logged, deleted and counted as corrupt.
+//! What it does not see (said in the README): a change below the filesystem (media
+//! corruption, writes to the block device) of a file whose seal still matches. Reads of
+//! chunk entries through the daemon verify every read instead.
+//!
+//! Written under `tmp/` and renamed, data first, then its seal: a process killed between
+//! the two leaves data without a seal, which is never served (a miss) and is evicted like
+//! any entry. Counted in the same budget and evicted by the same LRU pass as chunk entries
+//! (the seal's mtime is the entry's use time; the data's times are never touched).
+
+use std::fs::{self, File, OpenOptions};
+use std::hash::Hasher;
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::SystemTime;
+
+use twox_hash::{XxHash3_128, XxHash3_64};
+
+use super::{DiskCache, DiskKey, Mode};
+
+const SEAL_MAGIC: [u8; 8] = *b"XPKFSFE1";
+/// Bytes checked by one block checksum.
+pub const BLOCK: u64 = 1 << 20;
+const SEAL_HEAD: usize = 96;
+/// Largest file kept as a file entry (its seal is then 8 MiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 40;
+
+/// Fills `buf` whole with the file's bytes at `offset` (the writer of a file entry).
+pub type Fill<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), String> + 'a;
+
+/// Bytes of the seal of a `size`-byte file.
+pub fn seal_len(size: u64) -> u64 {
+    SEAL_HEAD as u64 + 8 * size.div_ceil(BLOCK) + 16
+}
+
+fn block_sum(key: &DiskKey, index: u64, bytes: &[u8]) -> u64 {
+    let mut h = XxHash3_64::with_seed(index);
+    h.write(&key.0);
+    h.write(bytes);
+    h.finish()
+}
+
+/// What a seal records (see the module documentation).
+struct Seal {
+    key: DiskKey,
+    size: u64,
+    stat: Stamp,
+    blocks: Vec<u64>,
+}
+
+/// The inode number, ctime and mtime of a data file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Stamp {
+        Stamp { ino: m.ino(), ctime: (m.ctime(), m.ctime_nsec()), mtime: (m.mtime(), m.mtime_nsec()) }
+    }
+}
+
+impl Seal {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(seal_len(self.size) as usize);
+        out.extend_from_slice(&SEAL_MAGIC);
+        out.extend_from_slice(&self.key.0);
+        out.extend_from_slice(&self.size.to_le_bytes());
+        out.extend_from_slice(&self.stat.ino.to_le_bytes());
+        for v in [self.stat.ctime.0, self.stat.ctime.1, self.stat.mtime.0, self.stat.mtime.1] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&BLOCK.to_le_bytes());
+        for b in &self.blocks {
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+        let sum = XxHash3_128::oneshot(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// The seal in `bytes` for `key` and a `size`-byte file, or why not.
+    fn decode(bytes: &[u8], key: &DiskKey, size: u64) -> Result<Seal, String> {
+        let want = seal_len(size);
+        if bytes.len() as u64 != want {
+            return Err(format!("seal has {} bytes, a {size}-byte file's has {want}", bytes.len()));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 16);
+        if XxHash3_128::oneshot(body).to_le_bytes() != sum {
+            return Err("seal checksum mismatch".into());
+        }
+        let u = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+        if body[..8] != SEAL_MAGIC || body[8..40] != key.0 || u(40) != size || u(88) != BLOCK {
+            return Err("seal is of another key, size or format".into());
+        }
+        let i = |at: usize| u(at) as i64;
+        let stat = Stamp { ino: u(48), ctime: (i(56), i(64)), mtime: (i(72), i(80)) };
+        let blocks = body[SEAL_HEAD..].chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+        Ok(Seal { key: *key, size, stat, blocks })
+    }
+}
+
+impl DiskCache {
+    fn file_paths(&self, key: &DiskKey) -> (PathBuf, PathBuf) {
+        let hex = key.hex();
+        let dir = self.cfg.dir.join("files").join(&hex[..2]);
+        (dir.join(format!("{hex}.seal")), dir.join(hex))
+    }
+
+    /// Whether a file entry of `size` bytes is present under `key` (its seal's length is
+    /// checked, nothing read: [`DiskCache::file_entry`] checks the rest).
+    pub fn has_file(&self, key: &DiskKey, size: u64) -> bool {
+        let (seal, data) = self.file_paths(key);
+        self.mode() != Mode::Disabled
+            && fs::metadata(seal).is_ok_and(|m| m.len() == seal_len(size))
+            && fs::metadata(data).is_ok_and(|m| m.len() == size)
+    }
+
+    /// The data file of the file entry under `key`, open for reading and known to hold the
+    /// `size` bytes it was written with (see the module documentation), or `None`: absent,
+    /// unreadable, or found wrong (then logged, deleted and counted in `corrupt`).
+    pub fn file_entry(&self, key: &DiskKey, size: u64) -> Option<File> {
+        if self.mode() == Mode::Disabled || size > MAX_FILE_BYTES {
+            return None;
+        }
+        let (seal_path, data_path) = self.file_paths(key);
+        let seal_file = match File::open(&seal_path) {
+            Ok(f) => f,
+            Err(e) => {
+                if e.kind() != ErrorKind::NotFound {
+                    self.warn("open", || format!("{}: {e}", seal_path.display()));
+                }
+                self.stats.file_misses.fetch_add(1, Relaxed);
+                return None;
+            }
+        };
+        let result = (|| -> Result<(File, SystemTime, Option<Seal>), String> {
+            let meta = seal_file.metadata().map_err(|e| e.to_string())?;
+            if meta.len() != seal_len(size) {
+                return Err(format!("seal has {} bytes, a {size}-byte file's has {}", meta.len(), seal_len(size)));
+            }
+            let mut bytes = vec![0u8; meta.len() as usize];
+            seal_file.read_exact_at(&mut bytes, 0).map_err(|e| e.to_string())?;
+            let mut seal = Seal::decode(&bytes, key, size)?;
+            let data = File::open(&data_path).map_err(|e| format!("{}: {e}", data_path.display()))?;
+            let dm = data.metadata().map_err(|e| e.to_string())?;
+            if dm.len() != size {
+                return Err(format!("data has {} bytes, its seal says {size}", dm.len()));
+            }
+            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            if Stamp::of(&dm) == seal.stat {
+                return Ok((data, used, None));
+            }
+            // Changed (or copied, restored) since it was sealed: every block is read and
+            // checked before the file is served, then it is sealed again.
+            verify_blocks(&data, &seal)?;
+            seal.stat = Stamp::of(&data.metadata().map_err(|e| e.to_string())?);
+            Ok((data, used, Some(seal)))
+        })();
+        match result {
+            Ok((data, used, resealed)) => {
+                self.stats.file_hits.fetch_add(1, Relaxed);
+                match resealed {
+                    Some(seal) => {
+                        self.stats.file_rechecks.fetch_add(1, Relaxed);
+                        tracing::info!("disk cache file entry {}: changed since it was sealed, every block checked good", data_path.display());
+                        if self.mode() == Mode::ReadWrite
+                            && let Err(e) = self.write_seal(&seal, &seal_path)
+                        {
+                            self.warn("seal", || format!("cannot seal {} again: {e}", data_path.display()));
+                        }
+                    }
+                    None => self.touch(&seal_file, used),
+                }
+                Some(data)
+            }
+            Err(why) => {
+                self.stats.corrupt.fetch_add(1, Relaxed);
+                self.stats.file_misses.fetch_add(1, Relaxed);
+                tracing::warn!("disk cache file entry {} is corrupt ({why}): deleted, the file is served from its chunks", data_path.display());
+                if self.mode() == Mode::ReadWrite {
+                    self.remove_file_entry(key);
+                }
+                None
+            }
+        }
+    }
+
+    /// Delete the file entry under `key` (seal first: data without a seal is never served).
+    fn remove_file_entry(&self, key: &DiskKey) {
+        let (seal, data) = self.file_paths(key);
+        for p in [seal, data] {
+            if let Ok(m) = fs::symlink_metadata(&p)
+                && fs::remove_file(&p).is_ok()
+            {
+                self.add_usage(-(m.len() as i64));
+            }
+        }
+    }
+
+    /// Write a file entry of `size` bytes under `key`, its bytes from `fill(offset, buf)`
+    /// (which fills `buf` whole), block by block. Returns whether the entry is present now.
+    /// Failures (of the cache or of `fill`) are warnings, never errors.
+    pub fn put_file(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> bool {
+        let total = size + seal_len(size);
+        if self.mode() != Mode::ReadWrite || self.paused() || size > MAX_FILE_BYTES || total > self.cfg.budget_bytes {
+            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            return false;
+        }
+        if self.has_file(key, size) {
+            return true;
+        }
+        let Some(before) = self.add_usage(total as i64) else {
+            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            return false;
+        };
+        match self.write_file_entry(key, size, fill) {
+            Ok(()) => {
+                self.stats.file_writes.fetch_add(1, Relaxed);
+                self.stats.bytes_written.fetch_add(total, Relaxed);
+            }
+            Err(e) => {
+                self.add_usage(-(total as i64));
+                match e {
+                    Failed::Io(e) => self.write_failed(&e),
+                    Failed::Fill(why) => tracing::warn!("disk cache: file entry not written: {why}"),
+                }
+                return false;
+            }
+        }
+        if before.saturating_add(total) > self.cfg.budget_bytes {
+            self.evict(false);
+        }
+        true
+    }
+
+    fn write_file_entry(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> Result<(), Failed> {
+        let (seal_path, data_path) = self.file_paths(key);
+        if let Some(dir) = data_path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        let seq = self.seq.fetch_add(1, Relaxed);
+        let tmp = self.cfg.dir.join("tmp").join(format!("{}.{}.{seq}.file", key.hex(), std::process::id()));
+        let result = (|| -> Result<(), Failed> {
+            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
+            let mut buf = vec![0u8; BLOCK as usize];
+            let mut blocks = Vec::with_capacity(size.div_ceil(BLOCK) as usize);
+            let mut at = 0u64;
+            while at < size {
+                let n = (size - at).min(BLOCK) as usize;
+                fill(at, &mut buf[..n]).map_err(Failed::Fill)?;
+                blocks.push(block_sum(key, at / BLOCK, &buf[..n]));
+                f.write_all_at(&buf[..n], at)?;
+                at += n as u64;
+            }
+            if self.cfg.fsync {
+                f.sync_data()?;
+            }
+            fs::rename(&tmp, &data_path)?;
+            // The stamp after the rename (which sets ctime): what later opens compare with.
+            let stat = Stamp::of(&f.metadata()?);
+            self.write_seal(&Seal { key: *key, size, stat, blocks }, &seal_path)?;
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    fn write_seal(&self, seal: &Seal, path: &std::path::Path) -> io::Result<()> {
+        let seq = self.seq.fetch_add(1, Relaxed);
+        let tmp = self.cfg.dir.join("tmp").join(format!("{}.{}.{seq}.seal", seal.key.hex(), std::process::id()));
+        let result = (|| {
+            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
+            f.write_all_at(&seal.encode(), 0)?;
+            if self.cfg.fsync {
+                f.sync_data()?;
+            }
+            fs::rename(&tmp, path)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
+enum Failed {
+    Io(io::Error),
+    Fill(String),
+}
+
+impl From<io::Error> for Failed {
+    fn from(e: io::Error) -> Self {
+        Failed::Io(e)
+    }
+}
+
+/// Read every block of `data` and check it against `seal`.
+fn verify_blocks(data: &File, seal: &Seal) -> Result<(), String> {
+    // SAFETY: a plain system call on the open descriptor `data`; it reads no memory.
+    unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(data), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+    let mut buf = vec![0u8; BLOCK as usize];
+    for (i, want) in seal.blocks.iter().enumerate() {
+        let at = i as u64 * BLOCK;
+        let n = (seal.size - at).min(BLOCK) as usize;
+        data.read_exact_at(&mut buf[..n], at).map_err(|e| format!("block {i}: {e}"))?;
+        if block_sum(&seal.key, i as u64, &buf[..n]) != *want {
+            return Err(format!("block {i} (bytes {at}..{}) checksum mismatch", at + n as u64));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Whole files of a computed view in the disk cache ("file entries", stored and checked by
+//! [`super::disk_cache`]): which files get one and under what key, writing them from the
+//! view's own bytes, and finding them again.
+//!
+//! Why: a mount serves chunk entries through the daemon, which verifies every read but
+//! costs two extra copies and a round trip per request (a FUSE mount reads at about half the
+//! speed of a local file here, even with every byte in memory). A file kept whole can be
+//! handed to the kernel instead (FUSE passthrough, in `serve/`): after a restart the mount
+//! reads at local-disk speed. `xpackfs warm` writes the file entries of the files it warms;
+//! a mount writes one in the background once a file was read and every one of its chunks is
+//! in the disk cache. Chunk entries stay: reads without passthrough (and `materialize`) use
+//! them; those of a file served whole are no longer read and age out first.
+//!
+//! The key is a digest of everything the file's bytes are made of, in order: its literal
+//! bytes, zero runs, source ranges (with the source file's identity, as chunk keys hold it)
+//! and the disk-cache keys of its computed chunks (which already cover the source, the view
+//! parameters and the codec revision). Files with a chunk that has no key (manifests built
+//! from digests, chunks kept in memory only) or smaller than [`MIN_FILE_BYTES`] get none.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+use super::compute::Tiers;
+use super::disk_cache::{DiskCache, DiskKey, KeyBuilder, MAX_ENTRY_BYTES};
+use super::{Extent, VirtualFile};
+
+/// Smaller files are served through the daemon only (their chunk entries are enough: the
+/// transport's per-file cost, not its throughput, dominates them).
+pub const MIN_FILE_BYTES: u64 = 1 << 20;
+/// Files queued for writing in the background at most; more are dropped (and written when
+/// they are next read whole).
+const QUEUE: usize = 1024;
+
+/// The key of `f`'s file entry (found once, then kept in `f`), or `None` if it gets none.
+pub fn key(f: &VirtualFile) -> Option<DiskKey> {
+    *f.file_key_cell().get_or_init(|| compute_key(f))
+}
+
+fn compute_key(f: &VirtualFile) -> Option<DiskKey> {
+    if f.is_derived() || f.size() < MIN_FILE_BYTES {
+        return None;
+    }
+    let mut persistent = false;
+    let mut sources: HashMap<*const crate::source::SourceFile, String> = HashMap::new();
+    let mut b = KeyBuilder::new("file").u64("size", f.size());
+    for (start, e) in f.extents() {
+        b = b.u64("at", start);
+        b = match e {
+            Extent::Bytes(bytes) => b.field("bytes", Sha256::digest(bytes)),
+            Extent::Zeros(n) => b.u64("zeros", *n),
+            Extent::Source { file, offset, len } => {
+                let id = sources
+                    .entry(Arc::as_ptr(file))
+                    .or_insert_with(|| crate::digest::identity_key("", &crate::digest::records_of(std::slice::from_ref(file))));
+                b.field("source", id.as_bytes()).u64("offset", *offset).u64("len", *len)
+            }
+            Extent::Computed { source, id, len } => {
+                persistent |= source.persistent();
+                b.field("chunk", source.disk_key(*id)?.0).u64("len", *len)
+            }
+        };
+    }
+    persistent.then(|| b.finish())
+}
+
+/// Whether every chunk of `f` kept in the disk cache is there (its size checked, nothing
+/// read): its file entry is then written without computing anything.
+pub fn chunks_on_disk(f: &VirtualFile, disk: &DiskCache) -> bool {
+    f.extents().all(|(_, e)| match e {
+        Extent::Computed { source, id, len } if source.persistent() => {
+            source.disk_key(*id).is_some_and(|k| *len <= MAX_ENTRY_BYTES && disk.contains(&k, *len))
+        }
+        _ => true,
+    })
+}
+
+/// File entries of one disk cache: written, found, and written behind by a background
+/// thread (niced, idle I/O class) that never computes a chunk.
+pub struct FileEntries {
+    disk: Arc<DiskCache>,
+    queue: Option<SyncSender<Arc<VirtualFile>>>,
+    /// Keys queued or being written (asked once).
+    pending: Arc<Mutex<HashSet<DiskKey>>>,
+}
+
+impl std::fmt::Debug for FileEntries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileEntries({:?})", self.disk)
+    }
+}
+
+impl FileEntries {
+    /// The file entries of `tiers`' disk cache, if it has one and they are wanted (the
+    /// `disk_cache_files` option).
+    pub fn of(tiers: &Tiers, wanted: bool) -> Option<Arc<FileEntries>> {
+        let disk = tiers.disk.clone().filter(|_| wanted)?;
+        let pending: Arc<Mutex<HashSet<DiskKey>>> = Arc::default();
+        let (tx, rx) = sync_channel::<Arc<VirtualFile>>(QUEUE);
+        let queue = {
+            let (disk, pending) = (disk.clone(), pending.clone());
+            std::thread::Builder::new()
+                .name("xpackfs-files".into())
+                .spawn(move || {
+                    super::compute::deprioritise_this_thread(19, true);
+                    for f in rx {
+                        if chunks_on_disk(&f, &disk) {
+                            write(&disk, &f);
+                        }
+                        if let Some(k) = key(&f) {
+                            pending.lock().remove(&k);
+                        }
+                    }
+                })
+                .map_err(|e| tracing::warn!("disk cache: cannot start the file-entry writer ({e}): no file entries written behind"))
+                .ok()
+                .map(|_| tx)
+        };
+        Some(Arc::new(FileEntries { disk, queue, pending }))
+    }
+
+    pub fn disk(&self) -> &Arc<DiskCache> {
+        &self.disk
+    }
+
+    /// `f`'s file entry, open and checked (see [`DiskCache::file_entry`]), if it has one.
+    pub fn open(&self, f: &VirtualFile) -> Option<File> {
+        self.disk.file_entry(&key(f)?, f.size())
+    }
+
+    /// Files queued or being written behind.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    /// Whether `f` has a file entry (present, not checked).
+    pub fn has(&self, f: &VirtualFile) -> bool {
+        key(f).is_some_and(|k| self.disk.has_file(&k, f.size()))
+    }
+
+    /// Write `f`'s file entry now (its bytes read through the view: chunks not in the
+    /// caches are computed). Returns whether it is present.
+    pub fn write(&self, f: &VirtualFile) -> bool {
+        write(&self.disk, f)
+    }
+
+    /// Write `f`'s file entry in the background if every chunk of it is in the disk cache
+    /// (a mount calls this when a file's last handle is closed).
+    pub fn write_behind(&self, f: &Arc<VirtualFile>) {
+        let (Some(queue), Some(k)) = (&self.queue, key(f)) else { return };
+        if self.disk.has_file(&k, f.size()) || !self.pending.lock().insert(k) {
+            return;
+        }
+        if queue.try_send(f.clone()).is_err() {
+            self.pending.lock().remove(&k);
+        }
+    }
+}
+
+fn write(disk: &DiskCache, f: &VirtualFile) -> bool {
+    let Some(k) = key(f) else { return false };
+    disk.put_file(&k, f.size(), &mut |at, buf| match f.read_at(at, buf) {
+        Ok(n) if n == buf.len() => Ok(()),
+        Ok(n) => Err(format!("the view file ended at {} of {}", at + n as u64, f.size())),
+        Err(e) => Err(e.to_string()),
+    })
+}
