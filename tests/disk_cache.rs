@@ -41,9 +41,24 @@ fn computed(s: &serde_json::Value) -> u64 {
     s["cache"]["bytes_computed"].as_u64().unwrap()
 }
 
-/// Until the mount's compute jobs (and their writes behind) are done.
+/// Until the mount's compute jobs (and their writes behind, of chunks and of whole files)
+/// are done.
 fn settle(m: &Mount) {
-    wait_until("compute jobs to settle", Duration::from_secs(120), || stats(m)["compute"]["in_flight"].as_u64() == Some(0));
+    wait_until("compute jobs and file entries to settle", Duration::from_secs(120), || {
+        let s = stats(m);
+        s["compute"]["in_flight"].as_u64() == Some(0) && s["passthrough"]["file_entries_pending"].as_u64() == Some(0)
+    });
+}
+
+/// Data files of the file entries of a cache directory (their seals beside them).
+fn file_entries(cache: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    let Ok(shards) = std::fs::read_dir(cache.join("files")) else { return v };
+    for shard in shards.flatten() {
+        v.extend(std::fs::read_dir(shard.path()).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_none()));
+    }
+    v.sort();
+    v
 }
 
 /// Entry files of a cache directory and their total size.
@@ -57,8 +72,10 @@ fn entries(cache: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Bytes of every entry: chunk entries, file entries and their seals.
 fn entry_bytes(cache: &Path) -> u64 {
-    entries(cache).iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum()
+    let seals = file_entries(cache).into_iter().map(|p| p.with_extension("seal"));
+    entries(cache).into_iter().chain(file_entries(cache)).chain(seals).map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum()
 }
 
 fn cache_opt(cache: &Path, gib: &str) -> [String; 2] {
@@ -129,7 +146,9 @@ fn a_restarted_mount_computes_nothing_and_serves_the_seeds_bytes() {
 fn damaged_entries_are_detected_recomputed_and_logged() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let c = cache_opt(&cache, "0.25");
+    // Chunk entries (file entries: `file_entries_serve_restarts_through_the_kernel...`).
+    let [a, b] = cache_opt(&cache, "0.25");
+    let c = [a, b, "disk_cache_files=off".to_string()];
     let src = v41(&dir.path().join("v41"), &[]);
     let reference = Mount::new(&src, &["view=requant"]);
     let want = read_all(&reference.mountpoint);
@@ -394,3 +413,127 @@ fn prewarm_fills_the_cache_in_the_background() {
     assert!(read_all(&reference.mountpoint) == got);
     reference.unmount();
 }
+
+#[test]
+fn file_entries_serve_restarts_through_the_kernel_and_are_never_served_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let c = cache_opt(&cache, "0.25");
+    // Shards of 1.3-2.2 MiB: each gets a file entry.
+    let src = v41(&dir.path().join("v41"), &["--inter", "512", "--hidden", "1024", "--experts", "8"]);
+    let seed = tempfile::tempdir().unwrap();
+    seed_requant(&src, seed.path(), &[]);
+    let shards: Vec<String> = tree_files(seed.path()).into_iter().filter(|n| n.ends_with(".safetensors")).collect();
+    assert_eq!(shards.len(), 3);
+    let want: BTreeMap<String, Vec<u8>> = tree_files(seed.path()).into_iter().map(|n| (n.clone(), std::fs::read(seed.path().join(&n)).unwrap())).collect();
+    let n = shards.len() as u64;
+
+    // The first mount computes; each shard, once closed with every chunk on disk, is kept
+    // whole behind.
+    let m = Mount::new(&src, &opts(&["view=requant"], &c));
+    assert!(read_all(&m.mountpoint) == want, "first mount differs from the seed");
+    settle(&m);
+    let s = stats(&m);
+    m.unmount();
+    assert_eq!(s["disk_cache"]["file_writes"].as_u64(), Some(n), "{s}");
+    assert_eq!(file_entries(&cache).len(), shards.len());
+
+    // The second serves the shards from them through the kernel: nothing computed, nothing
+    // read from chunk entries; buffered, O_DIRECT and mmap reads are the seed's bytes.
+    let m = Mount::new(&src, &opts(&["view=requant"], &c));
+    for name in &shards {
+        assert!(std::fs::read(m.path(name)).unwrap() == want[name], "{name}: a restart through file entries differs from the seed");
+        let out = run_ok(python().arg("-c").arg(ODIRECT_AND_MMAP).arg(m.path(name)));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), sha256_hex(&want[name]), "{name}: O_DIRECT / mmap through passthrough");
+    }
+    let s = stats(&m);
+    // (The manifests hold digests of the shards: reading them may read chunk entries.)
+    assert!(read_all(&m.mountpoint) == want, "a restart through file entries differs from the seed");
+    m.unmount();
+    assert_eq!(computed(&s), 0, "{s}");
+    assert_eq!(s["cache"]["bytes_from_disk"].as_u64(), Some(0), "shards came from chunk entries: {s}");
+    assert!(s["passthrough"]["opens"].as_u64().unwrap() >= 3 * n, "{s}");
+    assert_eq!(s["disk_cache"]["file_rechecks"].as_u64(), Some(0), "{s}");
+
+    // Damaged between mounts: a flipped byte, a truncation, a damaged seal. Each is found
+    // at open, logged, deleted, and the shard is served from its chunk entries instead.
+    let files = file_entries(&cache);
+    let mut raw = std::fs::read(&files[0]).unwrap();
+    let mid = raw.len() / 2;
+    raw[mid] ^= 0x01;
+    std::fs::write(&files[0], raw).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&files[1]).unwrap();
+    f.set_len(f.metadata().unwrap().len() - 1).unwrap();
+    drop(f);
+    let seal = files[2].with_extension("seal");
+    let mut raw = std::fs::read(&seal).unwrap();
+    raw[100] ^= 0x80;
+    std::fs::write(&seal, raw).unwrap();
+    let log = dir.path().join("log");
+    let m = Mount::new(&src, &opts(&["view=requant", &format!("log_file={}", log.display())], &c));
+    assert!(read_all(&m.mountpoint) == want, "a damaged file entry was served");
+    settle(&m);
+    let s = stats(&m);
+    m.unmount();
+    assert_eq!(s["disk_cache"]["corrupt"].as_u64(), Some(n), "{s}");
+    assert_eq!(computed(&s), 0, "the chunk entries serve the damaged shards: {s}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("is corrupt").count(), 3, "{text}");
+    for why in ["checksum mismatch", "data has"] {
+        assert!(text.contains(why), "{why}: {text}");
+    }
+    // Kept whole again behind that mount's reads: the next restart passes them through.
+    assert_eq!(s["disk_cache"]["file_writes"].as_u64(), Some(n), "{s}");
+    let m = Mount::new(&src, &opts(&["view=requant"], &c));
+    assert!(read_all(&m.mountpoint) == want);
+    let s = stats(&m);
+    m.unmount();
+    assert_eq!((s["disk_cache"]["file_hits"].as_u64(), s["disk_cache"]["corrupt"].as_u64()), (Some(n), Some(0)), "{s}");
+
+    // The kernel refuses to mix passthrough and page-cached handles of one file: a handle
+    // open through the daemon while its file entry appears (written by another process)
+    // keeps new opens of that file on the daemon, until it is closed.
+    let name = &shards[1];
+    let entry = file_entries(&cache).into_iter().find(|p| std::fs::metadata(p).unwrap().len() == want[name].len() as u64).unwrap();
+    std::fs::remove_file(entry.with_extension("seal")).unwrap();
+    std::fs::remove_file(&entry).unwrap();
+    let m = Mount::new(&src, &opts(&["view=requant", "disk_cache_files=on"], &c));
+    let held = std::fs::File::open(m.path(name)).unwrap();
+    let mut head = vec![0u8; 4096];
+    std::os::unix::fs::FileExt::read_exact_at(&held, &mut head, 0).unwrap();
+    let o = format!("view=requant,disk_cache={},disk_cache_gb=0.25", cache.display());
+    run_ok(std::process::Command::new(bin()).arg("warm").arg(&src).arg("-o").arg(&o).arg(name));
+    assert_eq!(file_entries(&cache).len(), shards.len(), "warm kept the shard whole");
+    let opens = stats(&m)["passthrough"]["opens"].as_u64().unwrap();
+    assert!(std::fs::read(m.path(name)).unwrap() == want[name], "a second open while one is held");
+    assert_eq!(stats(&m)["passthrough"]["opens"].as_u64().unwrap(), opens, "passed through next to a page-cached handle");
+    drop(held);
+    wait_until("the held handle's release", Duration::from_secs(10), || {
+        std::fs::read(m.path(name)).unwrap() == want[name] && stats(&m)["passthrough"]["opens"].as_u64().unwrap() > opens
+    });
+    m.unmount();
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+/// Prints the sha256 of a file read with O_DIRECT (aligned buffers), then checks an mmap of
+/// it gives the same bytes.
+const ODIRECT_AND_MMAP: &str = r#"
+import hashlib, mmap, os, sys
+p = sys.argv[1]
+size = os.path.getsize(p)
+fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 1 << 20)
+h, off = hashlib.sha256(), 0
+while off < size:
+    n = os.preadv(fd, [buf], off)
+    h.update(buf[:n]); off += n
+os.close(fd)
+with open(p, "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    assert hashlib.sha256(m).hexdigest() == h.hexdigest(), "mmap differs from O_DIRECT"
+print(h.hexdigest())
+"#;

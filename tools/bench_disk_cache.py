@@ -5,8 +5,10 @@
     flock /tmp/xpackfs-bench.lock python3 tools/bench_disk_cache.py [--rounds 3] [--only NAME,...]
 
 1. `restart`: the requant view's shards read through a second mount (disk cache warm, page
-   cache of the entries and the source dropped, fresh mount) vs reading a materialized copy
-   of the same files on the same disk (pages dropped). Target >= 0.8x.
+   cache of the cache directory and the source dropped, fresh mount) vs reading a
+   materialized copy of the same files on the same disk (pages dropped). Target >= 0.8x.
+   The shards are served whole from file entries (FUSE passthrough); `--mount-opts
+   disk_cache_files=off` measures the daemon path from chunk entries instead.
 2. `first`: a first, cold read of the requant view with the disk cache on (empty) vs off.
    Target >= 0.9x (the cache costs <= 10%).
 3. `warm`: `xpackfs warm` of the requant view (fresh cache) vs `xpackfs materialize` of it

@@ -68,12 +68,12 @@ fn compute_key(f: &VirtualFile) -> Option<DiskKey> {
     persistent.then(|| b.finish())
 }
 
-/// Whether every chunk of `f` kept in the disk cache is there (its size checked, nothing
-/// read): its file entry is then written without computing anything.
-pub fn chunks_on_disk(f: &VirtualFile, disk: &DiskCache) -> bool {
+/// Whether every chunk of `f` kept in the disk cache is in memory or on disk (its size
+/// checked, nothing read): its file entry is then written without computing anything.
+pub fn nothing_to_compute(f: &VirtualFile, disk: &DiskCache) -> bool {
     f.extents().all(|(_, e)| match e {
         Extent::Computed { source, id, len } if source.persistent() => {
-            source.disk_key(*id).is_some_and(|k| *len <= MAX_ENTRY_BYTES && disk.contains(&k, *len))
+            source.ready(*id) || source.disk_key(*id).is_some_and(|k| *len <= MAX_ENTRY_BYTES && disk.contains(&k, *len))
         }
         _ => true,
     })
@@ -108,7 +108,7 @@ impl FileEntries {
                 .spawn(move || {
                     super::compute::deprioritise_this_thread(19, true);
                     for f in rx {
-                        if chunks_on_disk(&f, &disk) {
+                        if nothing_to_compute(&f, &disk) {
                             write(&disk, &f);
                         }
                         if let Some(k) = key(&f) {
@@ -148,8 +148,8 @@ impl FileEntries {
         write(&self.disk, f)
     }
 
-    /// Write `f`'s file entry in the background if every chunk of it is in the disk cache
-    /// (a mount calls this when a file's last handle is closed).
+    /// Write `f`'s file entry in the background if none of its chunks needs computing (a
+    /// mount calls this when a file's last handle is closed).
     pub fn write_behind(&self, f: &Arc<VirtualFile>) {
         let (Some(queue), Some(k)) = (&self.queue, key(f)) else { return };
         if self.disk.has_file(&k, f.size()) || !self.pending.lock().insert(k) {

@@ -156,7 +156,7 @@ pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<V
         files.par_iter().filter(|(_, f)| file_entries::key(f).is_some()).for_each(|(_, f)| {
             if entries.has(f) {
                 present.fetch_add(1, Relaxed);
-            } else if file_entries::chunks_on_disk(f, entries.disk()) && entries.write(f) {
+            } else if file_entries::nothing_to_compute(f, entries.disk()) && entries.write(f) {
                 written.fetch_add(1, Relaxed);
                 bytes.fetch_add(f.size(), Relaxed);
             } else {

@@ -41,6 +41,7 @@ pub const BLOCK: u64 = 1 << 20;
 const SEAL_HEAD: usize = 96;
 /// Largest file kept as a file entry (its seal is then 8 MiB).
 pub const MAX_FILE_BYTES: u64 = 1 << 40;
+const OTHER_SIZE: &str = "a sound seal of a file of another size";
 
 /// Fills `buf` whole with the file's bytes at `offset` (the writer of a file entry).
 pub type Fill<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), String> + 'a;
@@ -98,19 +99,19 @@ impl Seal {
         out
     }
 
-    /// The seal in `bytes` for `key` and a `size`-byte file, or why not.
-    fn decode(bytes: &[u8], key: &DiskKey, size: u64) -> Result<Seal, String> {
-        let want = seal_len(size);
-        if bytes.len() as u64 != want {
-            return Err(format!("seal has {} bytes, a {size}-byte file's has {want}", bytes.len()));
+    /// The seal in `bytes` for `key`, or why it is not one.
+    fn decode(bytes: &[u8], key: &DiskKey) -> Result<Seal, String> {
+        if bytes.len() < SEAL_HEAD + 16 {
+            return Err(format!("seal has {} bytes, shorter than its header", bytes.len()));
         }
         let (body, sum) = bytes.split_at(bytes.len() - 16);
         if XxHash3_128::oneshot(body).to_le_bytes() != sum {
             return Err("seal checksum mismatch".into());
         }
         let u = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
-        if body[..8] != SEAL_MAGIC || body[8..40] != key.0 || u(40) != size || u(88) != BLOCK {
-            return Err("seal is of another key, size or format".into());
+        let size = u(40);
+        if body[..8] != SEAL_MAGIC || body[8..40] != key.0 || u(88) != BLOCK || size > MAX_FILE_BYTES || bytes.len() as u64 != seal_len(size) {
+            return Err("seal is of another key or format".into());
         }
         let i = |at: usize| u(at) as i64;
         let stat = Stamp { ino: u(48), ctime: (i(56), i(64)), mtime: (i(72), i(80)) };
@@ -155,12 +156,16 @@ impl DiskCache {
         };
         let result = (|| -> Result<(File, SystemTime, Option<Seal>), String> {
             let meta = seal_file.metadata().map_err(|e| e.to_string())?;
-            if meta.len() != seal_len(size) {
-                return Err(format!("seal has {} bytes, a {size}-byte file's has {}", meta.len(), seal_len(size)));
+            if meta.len() > seal_len(MAX_FILE_BYTES) {
+                return Err(format!("seal has {} bytes, more than any seal", meta.len()));
             }
             let mut bytes = vec![0u8; meta.len() as usize];
             seal_file.read_exact_at(&mut bytes, 0).map_err(|e| e.to_string())?;
-            let mut seal = Seal::decode(&bytes, key, size)?;
+            let mut seal = Seal::decode(&bytes, key)?;
+            if seal.size != size {
+                // Keys cover the size: a sound seal of another size is not this file's.
+                return Err(OTHER_SIZE.into());
+            }
             let data = File::open(&data_path).map_err(|e| format!("{}: {e}", data_path.display()))?;
             let dm = data.metadata().map_err(|e| e.to_string())?;
             if dm.len() != size {
@@ -192,6 +197,10 @@ impl DiskCache {
                     None => self.touch(&seal_file, used),
                 }
                 Some(data)
+            }
+            Err(why) if why == OTHER_SIZE => {
+                self.stats.file_misses.fetch_add(1, Relaxed);
+                None
             }
             Err(why) => {
                 self.stats.corrupt.fetch_add(1, Relaxed);
@@ -332,4 +341,180 @@ fn verify_blocks(data: &File, seal: &Seal) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{DiskCacheConfig, KeyBuilder};
+    use super::*;
+    use std::io::Read;
+    use std::path::Path;
+
+    fn key(i: u64) -> DiskKey {
+        KeyBuilder::new("files-test").u64("file", i).finish()
+    }
+
+    fn bytes(i: u64, size: u64) -> Vec<u8> {
+        (0..size).map(|j| (j.wrapping_mul(0x9E37_79B9).wrapping_add(i) >> 7) as u8).collect()
+    }
+
+    fn cache(dir: &Path, budget: u64) -> DiskCache {
+        let mut c = DiskCacheConfig::new(dir, budget);
+        c.touch_interval = std::time::Duration::ZERO;
+        DiskCache::open(c)
+    }
+
+    fn put(c: &DiskCache, i: u64, size: u64) -> bool {
+        let b = bytes(i, size);
+        c.put_file(&key(i), size, &mut |at, buf| {
+            buf.copy_from_slice(&b[at as usize..at as usize + buf.len()]);
+            Ok(())
+        })
+    }
+
+    fn content(f: Option<File>) -> Option<Vec<u8>> {
+        let mut v = Vec::new();
+        f?.read_to_end(&mut v).unwrap();
+        Some(v)
+    }
+
+    /// Files under `files/` (data and seals).
+    fn stored(dir: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir(dir.join("files")).into_iter().flatten().flatten().flat_map(|s| fs::read_dir(s.path()).unwrap().flatten().map(|e| e.path())).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn round_trip_of_files_of_every_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path(), 1 << 30);
+        for (i, size) in [(1, BLOCK), (2, 3 * BLOCK + 17), (3, 5), (4, 0)] {
+            assert!(!c.has_file(&key(i), size));
+            assert!(c.file_entry(&key(i), size).is_none());
+            assert!(put(&c, i, size), "{size}");
+            assert!(c.has_file(&key(i), size));
+            assert_eq!(content(c.file_entry(&key(i), size)).unwrap(), bytes(i, size), "{size}");
+            // Another size is another file.
+            assert!(c.file_entry(&key(i), size + 1).is_none());
+        }
+        let s = c.snapshot();
+        assert_eq!((s.file_writes, s.file_rechecks, s.corrupt), (4, 0, 0));
+        assert_eq!(s.file_hits, 4);
+        let total: u64 = [BLOCK, 3 * BLOCK + 17, 5, 0].iter().map(|&n| n + seal_len(n)).sum();
+        assert_eq!(s.size_bytes, total, "the budget counts data and seals");
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_changed_file_entry_is_checked_whole_before_it_is_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path(), 1 << 30);
+        let size = 2 * BLOCK + 100;
+        let (seal, data) = c.file_paths(&key(1));
+        let log = |c: &DiskCache| (c.snapshot().corrupt, c.snapshot().file_rechecks);
+
+        // The same bytes written again (new ctime): checked good, sealed again, served.
+        assert!(put(&c, 1, size));
+        fs::write(&data, bytes(1, size)).unwrap();
+        assert_eq!(content(c.file_entry(&key(1), size)).unwrap(), bytes(1, size));
+        assert_eq!(log(&c), (0, 1));
+        assert!(c.file_entry(&key(1), size).is_some());
+        assert_eq!(log(&c), (0, 1), "sealed again: the next open checks nothing");
+        // Times set back to the sealed ones by hand do not hide a change: ctime moves.
+        let m = fs::metadata(&data).unwrap();
+        let mut raw = fs::read(&data).unwrap();
+        raw[BLOCK as usize + 5] ^= 1;
+        fs::write(&data, &raw).unwrap();
+        let f = File::options().write(true).open(&data).unwrap();
+        f.set_times(fs::FileTimes::new().set_modified(m.modified().unwrap())).unwrap();
+        drop(f);
+        assert!(c.file_entry(&key(1), size).is_none(), "a flipped byte was served");
+        assert_eq!(log(&c), (1, 1));
+        assert!(!seal.exists() && !data.exists(), "the corrupt entry is deleted");
+
+        // Truncated; seal of another size; seal damaged; data missing; seal missing.
+        type Damage = fn(&Path, &Path);
+        let damages: [(&str, Damage); 5] = [
+            ("truncated", |_, d| File::options().write(true).open(d).unwrap().set_len(BLOCK).unwrap()),
+            ("extended", |_, d| File::options().append(true).open(d).unwrap().write_all_at(b"x", 0).unwrap()),
+            ("seal flipped", |s, _| {
+                let mut b = fs::read(s).unwrap();
+                b[SEAL_HEAD + 3] ^= 0x10;
+                fs::write(s, b).unwrap();
+            }),
+            ("data deleted", |_, d| fs::remove_file(d).unwrap()),
+            ("seal deleted", |s, _| fs::remove_file(s).unwrap()),
+        ];
+        for (n, (what, damage)) in damages.into_iter().enumerate() {
+            assert!(put(&c, 1, size));
+            damage(&seal, &data);
+            let before = c.snapshot().corrupt;
+            assert!(c.file_entry(&key(1), size).is_none(), "{what}: served");
+            let counted = c.snapshot().corrupt - before;
+            if what == "seal deleted" {
+                // Data without a seal is a miss (a writer killed between the two renames).
+                assert_eq!(counted, 0, "{what}");
+                fs::remove_file(&data).unwrap();
+            } else {
+                assert_eq!(counted, 1, "{what} (case {n})");
+                assert!(!seal.exists() && !data.exists(), "{what}: not deleted");
+            }
+        }
+        // Damage from outside changes sizes under the counter; the next recount repairs it.
+        c.evict(true);
+        assert_eq!(c.snapshot().size_bytes, 0);
+    }
+
+    #[test]
+    fn file_entries_share_the_budget_and_the_lru() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 10 * BLOCK;
+        let c = cache(dir.path(), budget);
+        for i in 0..12 {
+            assert!(put(&c, i, 2 * BLOCK));
+            let chunks: u64 = fs::read_dir(dir.path().join("entries")).unwrap().flatten().flat_map(|s| fs::read_dir(s.path()).unwrap().flatten()).map(|e| e.metadata().unwrap().len()).sum();
+            let total: u64 = chunks + stored(dir.path()).iter().map(|p| fs::metadata(p).unwrap().len()).sum::<u64>();
+            assert!(total <= budget, "{total} bytes stored, bound {budget}");
+            assert_eq!(c.size_bytes(), total);
+            // Also chunk entries compete for the same bound.
+            assert!(c.put(&key(100 + i), &bytes(i, 1000)));
+        }
+        assert!(c.snapshot().evictions > 0);
+        // The newest file entry is there; evicted ones leave neither half behind.
+        assert!(c.file_entry(&key(11), 2 * BLOCK).is_some());
+        for p in stored(dir.path()) {
+            let seal = if p.extension().is_some_and(|e| e == "seal") { p.clone() } else { p.with_extension("seal") };
+            assert!(seal.exists() && seal.with_extension("").exists(), "{} left half", p.display());
+        }
+        // A data file whose seal never came (writer killed) is evicted like any entry.
+        let orphan = c.file_paths(&key(99)).1;
+        fs::create_dir_all(orphan.parent().unwrap()).unwrap();
+        fs::write(&orphan, vec![0u8; BLOCK as usize]).unwrap();
+        let f = File::options().write(true).open(&orphan).unwrap();
+        f.set_times(fs::FileTimes::new().set_modified(SystemTime::UNIX_EPOCH)).unwrap();
+        drop(f);
+        c.evict(true);
+        assert!(!orphan.exists() || c.size_bytes() <= budget);
+    }
+
+    #[test]
+    fn a_failing_writer_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path(), 1 << 30);
+        let ok = c.put_file(&key(1), 3 * BLOCK, &mut |at, buf| if at >= BLOCK {
+            Err("the view refused".into())
+        } else {
+            buf.fill(1);
+            Ok(())
+        });
+        assert!(!ok);
+        assert!(stored(dir.path()).is_empty());
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+        assert_eq!(c.size_bytes(), 0);
+        // Larger than the whole budget: not written.
+        let small = cache(&dir.path().join("small"), BLOCK);
+        assert!(!put(&small, 1, 2 * BLOCK));
+        assert!(small.file_entry(&key(1), 2 * BLOCK).is_none());
+    }
 }

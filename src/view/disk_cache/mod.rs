@@ -25,8 +25,12 @@
 //!   disabled; one that cannot be written makes it read-only; a full filesystem pauses
 //!   writes for a while. Each is a warning; callers see misses and skipped writes.
 //!
-//! Layout of the directory: `entries/<2 hex>/<64 hex>` (256 shards), `tmp/`, `usage`,
-//! `evict.lock`. Several processes may share it (each temporary file is `flock`ed by its
+//! Besides chunk entries it keeps whole files of a view ("file entries", [`files`]): the
+//! file's bytes as they are, so the kernel can serve them (FUSE passthrough), with a seal
+//! beside them; same budget, same LRU.
+//!
+//! Layout of the directory: `entries/<2 hex>/<64 hex>` (256 shards), `files/<2 hex>/<64 hex>`
+//! and `.seal` beside it, `tmp/`, `usage`, `evict.lock`. Several processes may share it (each temporary file is `flock`ed by its
 //! writer, so stale ones, of writers that died, are recognised and removed).
 
 use std::fs::{self, File, OpenOptions};
