@@ -511,6 +511,20 @@ fn file_entries_serve_restarts_through_the_kernel_and_are_never_served_wrong() {
     wait_until("the held handle's release", Duration::from_secs(10), || {
         std::fs::read(m.path(name)).unwrap() == want[name] && stats(&m)["passthrough"]["opens"].as_u64().unwrap() > opens
     });
+
+    // Damaged in place while a handle passes it through: the kernel would serve the damage
+    // to new opens and the daemon may not serve them beside it, so they are refused (EIO)
+    // until that handle is closed; then they are served from chunk entries.
+    let held = std::fs::File::open(m.path(name)).unwrap();
+    let entry = file_entries(&cache).into_iter().find(|p| std::fs::metadata(p).unwrap().len() == want[name].len() as u64).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&entry).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"\xff\x00", 1000).unwrap();
+    drop(f);
+    let refused = std::fs::File::open(m.path(name)).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EIO), "{refused}");
+    drop(held);
+    wait_until("the held handle's release", Duration::from_secs(10), || std::fs::read(m.path(name)).is_ok_and(|b| b == want[name]));
+    assert!(!entry.exists(), "the damaged entry is deleted");
     m.unmount();
 }
 

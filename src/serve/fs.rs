@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::source::SourceIo;
+use crate::view::disk_cache::FileLookup;
 use crate::view::file_entries::{self, FileEntries};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
@@ -137,6 +138,16 @@ pub enum Backing {
     Entry(std::fs::File),
 }
 
+/// What a passthrough open found for a file.
+#[derive(Debug)]
+pub enum Found {
+    Backing(Backing),
+    /// No backing file (none kept, or not looked for).
+    None,
+    /// Its file entry was found damaged (and deleted).
+    Corrupt,
+}
+
 impl Backing {
     pub fn file(&self) -> &std::fs::File {
         match self {
@@ -179,6 +190,14 @@ impl Fs {
     /// that can have a file entry.
     pub fn may_pass_through(&self, ino: Ino) -> bool {
         self.vfile(ino).is_some_and(|f| f.whole_source().is_some() || (self.files.is_some() && file_entries::key(f).is_some()))
+    }
+
+    /// `ino` is being passed through: refresh the use time of its file entry (the LRU of
+    /// the disk cache sees no reads of it).
+    pub fn in_use(&self, ino: Ino) {
+        if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
+            files.touch(f);
+        }
     }
 
     /// The last non-passthrough handle of `ino` was closed: write its file entry behind if
@@ -287,15 +306,19 @@ impl Fs {
     /// What a passthrough open of `ino` hands the kernel: for a whole source file, that
     /// file, checked now to be unchanged (so the kernel gets only the inode that was
     /// validated); for a file kept whole in the disk cache, its entry, checked
-    /// ([`crate::view::disk_cache::DiskCache::file_entry`]). `Ok(None)` for every other file.
-    pub fn passthrough_backing(&self, ino: Ino) -> Result<Option<Backing>, FsError> {
+    /// ([`crate::view::disk_cache::DiskCache::file_entry`]). `Found::None` for every other file.
+    pub fn passthrough_backing(&self, ino: Ino) -> Result<Found, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
-        let NodeKind::File(f) = &node.kind else { return Ok(None) };
+        let NodeKind::File(f) = &node.kind else { return Ok(Found::None) };
         if let Some(src) = f.whole_source() {
             src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
-            return Ok(Some(Backing::Source(src.clone())));
+            return Ok(Found::Backing(Backing::Source(src.clone())));
         }
-        Ok(self.files.as_ref().and_then(|files| files.open(f)).map(Backing::Entry))
+        Ok(match self.files.as_ref().map(|files| files.open(f)) {
+            Some(FileLookup::Sound(file)) => Found::Backing(Backing::Entry(file)),
+            Some(FileLookup::Corrupt) => Found::Corrupt,
+            Some(FileLookup::Absent) | None => Found::None,
+        })
     }
 
     /// Read into `buf` through handle `fh`; returns the byte count (short only at end of file).

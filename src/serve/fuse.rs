@@ -19,7 +19,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use super::fs::{Attr, Backing, Fs, FsError, Kind};
+use super::fs::{Attr, Backing, Found, Fs, FsError, Kind};
 use crate::source::SourceIo;
 
 /// File-handle bit of handles that read the source with direct I/O (the filesystem's own
@@ -126,6 +126,14 @@ pub struct Passthrough {
     pub opens: AtomicU64,
 }
 
+/// How [`Passthrough::open`] serves an open.
+enum Decision {
+    Pass(u64, Arc<BackingId>),
+    /// Through the daemon; with the error of a backing registration that failed.
+    Cached(Option<std::io::Error>),
+    Refuse,
+}
+
 /// Open handles of one inode that may pass through.
 #[derive(Default)]
 struct InodeOpens {
@@ -149,35 +157,50 @@ impl Passthrough {
         self.inodes.lock().get(&ino).is_some_and(|o| o.cached > 0)
     }
 
-    /// Decide how an open of `ino` is served: `Some((handle, id))` passes through (the
-    /// inode's backing id in use, or `backing` registered with the kernel now), `None` is
-    /// served through the daemon and counted until its release.
-    fn open(&self, ino: u64, backing: Option<&Backing>, reply: &ReplyOpen) -> std::io::Result<Option<(u64, Arc<BackingId>)>> {
+    /// Decide how an open of `ino` is served, from what `found` says of its backing file:
+    /// the inode's backing id in use passes through (still while passthrough is disabled:
+    /// the kernel would refuse anything else), unless its file entry was just found damaged
+    /// (refused: the kernel would serve the damaged file, the daemon may not serve it);
+    /// with none, `found`'s file is registered if the inode has no handle through the
+    /// daemon; else the open is served through the daemon and counted until its release.
+    fn open(&self, ino: u64, found: &Found, enabled: bool, reply: &ReplyOpen) -> Decision {
         let mut inodes = self.inodes.lock();
         let state = inodes.entry(ino).or_default();
-        let id = match (state.backing.upgrade(), backing) {
+        let id = match (state.backing.upgrade(), found) {
+            (Some(_), Found::Corrupt) => return Decision::Refuse,
             (Some(id), _) => id,
-            (None, Some(b)) if state.cached == 0 => {
-                let id = Arc::new(reply.open_backing(b.file())?);
-                state.backing = Arc::downgrade(&id);
-                id
-            }
+            (None, Found::Backing(b)) if enabled && state.cached == 0 => match reply.open_backing(b.file()) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    state.backing = Arc::downgrade(&id);
+                    id
+                }
+                Err(e) => {
+                    state.cached += 1;
+                    return Decision::Cached(Some(e));
+                }
+            },
             _ => {
                 state.cached += 1;
-                return Ok(None);
+                return Decision::Cached(None);
             }
         };
         drop(inodes);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if self.opens.fetch_add(1, Ordering::Relaxed) == 0 {
-            let what = match backing {
-                Some(Backing::Source(s)) => s.path().display().to_string(),
+            let what = match found {
+                Found::Backing(Backing::Source(s)) => s.path().display().to_string(),
                 _ => "a file entry of the disk cache".into(),
             };
             tracing::info!("passthrough: first open served from its backing file ({what})");
         }
         self.by_handle.lock().insert(fh, id.clone());
-        Ok(Some((fh, id)))
+        Decision::Pass(fh, id)
+    }
+
+    /// Inodes whose backing id is in use.
+    pub fn live_inodes(&self) -> Vec<u64> {
+        self.inodes.lock().iter().filter(|(_, o)| o.backing.strong_count() > 0).map(|(i, _)| *i).collect()
     }
 
     /// Handle `fh` of `ino` is released; returns whether it was the inode's last handle
@@ -327,19 +350,30 @@ impl Filesystem for FuseAdapter {
             Ok(fh) => fh,
             Err(e) => return reply.error(e),
         };
-        if self.passthrough.is_enabled() && self.fs.may_pass_through(ino.0) {
-            let backing = if self.passthrough.has_cached(ino.0) {
-                None
-            } else {
+        if self.fs.may_pass_through(ino.0) {
+            let enabled = self.passthrough.is_enabled();
+            let found = if enabled && !self.passthrough.has_cached(ino.0) {
                 match guarded("open", || self.fs.passthrough_backing(ino.0)) {
-                    Ok(b) => b,
+                    Ok(f) => f,
                     Err(e) => return reply.error(e),
                 }
+            } else {
+                Found::None
             };
-            match self.passthrough.open(ino.0, backing.as_ref(), &reply) {
-                Ok(Some((fh, id))) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
-                Ok(None) => {}
-                Err(e) => self.passthrough.disable(&format!("backing file registration failed: {e}")),
+            match self.passthrough.open(ino.0, &found, enabled, &reply) {
+                Decision::Pass(fh, id) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                Decision::Refuse => {
+                    tracing::error!("open: inode {}: its file entry was found damaged while a handle passes it through: refused", ino.0);
+                    return reply.error(Errno::EIO);
+                }
+                Decision::Cached(None) => {}
+                Decision::Cached(Some(e)) => match e.raw_os_error() {
+                    // The kernel or our privileges refuse passthrough as such.
+                    Some(libc::EPERM | libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS) => {
+                        self.passthrough.disable(&format!("backing file registration failed: {e}"))
+                    }
+                    _ => tracing::warn!("passthrough: inode {}: backing file registration failed ({e}): served through the daemon", ino.0),
+                },
             }
         }
         // The client's O_DIRECT decides how this handle reads the source (unless overridden).

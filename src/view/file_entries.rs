@@ -18,7 +18,6 @@
 //! from digests, chunks kept in memory only) or smaller than [`MIN_FILE_BYTES`] get none.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 
@@ -26,7 +25,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::compute::Tiers;
-use super::disk_cache::{DiskCache, DiskKey, KeyBuilder, MAX_ENTRY_BYTES};
+use super::disk_cache::{DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
 use super::{Extent, VirtualFile};
 
 /// Smaller files are served through the daemon only (their chunk entries are enough: the
@@ -127,9 +126,19 @@ impl FileEntries {
         &self.disk
     }
 
-    /// `f`'s file entry, open and checked (see [`DiskCache::file_entry`]), if it has one.
-    pub fn open(&self, f: &VirtualFile) -> Option<File> {
-        self.disk.file_entry(&key(f)?, f.size())
+    /// `f`'s file entry, open and checked (see [`DiskCache::file_entry`]).
+    pub fn open(&self, f: &VirtualFile) -> FileLookup {
+        match key(f) {
+            Some(k) => self.disk.file_entry(&k, f.size()),
+            None => FileLookup::Absent,
+        }
+    }
+
+    /// Refresh the use time of `f`'s file entry (it is being served).
+    pub fn touch(&self, f: &VirtualFile) {
+        if let Some(k) = key(f) {
+            self.disk.touch_file(&k);
+        }
     }
 
     /// Files queued or being written behind.

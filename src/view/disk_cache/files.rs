@@ -42,6 +42,18 @@ const SEAL_HEAD: usize = 96;
 /// Largest file kept as a file entry (its seal is then 8 MiB).
 pub const MAX_FILE_BYTES: u64 = 1 << 40;
 const OTHER_SIZE: &str = "a sound seal of a file of another size";
+const GONE: &str = "its data is gone";
+
+/// What [`DiskCache::file_entry`] found.
+#[derive(Debug)]
+pub enum FileLookup {
+    /// The data file, open for reading, holding the bytes it was written with.
+    Sound(File),
+    /// None under the key (or only part of one: a writer, or an eviction, in progress).
+    Absent,
+    /// One was there and was wrong: it is logged, deleted and counted in `corrupt`.
+    Corrupt,
+}
 
 /// Fills `buf` whole with the file's bytes at `offset` (the writer of a file entry).
 pub type Fill<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), String> + 'a;
@@ -137,11 +149,11 @@ impl DiskCache {
     }
 
     /// The data file of the file entry under `key`, open for reading and known to hold the
-    /// `size` bytes it was written with (see the module documentation), or `None`: absent,
-    /// unreadable, or found wrong (then logged, deleted and counted in `corrupt`).
-    pub fn file_entry(&self, key: &DiskKey, size: u64) -> Option<File> {
+    /// `size` bytes it was written with (see the module documentation); or absent, or found
+    /// wrong (then logged, deleted and counted in `corrupt`).
+    pub fn file_entry(&self, key: &DiskKey, size: u64) -> FileLookup {
         if self.mode() == Mode::Disabled || size > MAX_FILE_BYTES {
-            return None;
+            return FileLookup::Absent;
         }
         let (seal_path, data_path) = self.file_paths(key);
         let seal_file = match File::open(&seal_path) {
@@ -151,9 +163,11 @@ impl DiskCache {
                     self.warn("open", || format!("{}: {e}", seal_path.display()));
                 }
                 self.stats.file_misses.fetch_add(1, Relaxed);
-                return None;
+                return FileLookup::Absent;
             }
         };
+        let seal_ino = seal_file.metadata().map(|m| m.ino()).ok();
+        let mut data_ino = None;
         let result = (|| -> Result<(File, SystemTime, Option<Seal>), String> {
             let meta = seal_file.metadata().map_err(|e| e.to_string())?;
             if meta.len() > seal_len(MAX_FILE_BYTES) {
@@ -166,8 +180,14 @@ impl DiskCache {
                 // Keys cover the size: a sound seal of another size is not this file's.
                 return Err(OTHER_SIZE.into());
             }
-            let data = File::open(&data_path).map_err(|e| format!("{}: {e}", data_path.display()))?;
+            let data = match File::open(&data_path) {
+                Ok(d) => d,
+                // Evicted meanwhile, or its writer is between its two renames.
+                Err(e) if e.kind() == ErrorKind::NotFound => return Err(GONE.into()),
+                Err(e) => return Err(format!("{}: {e}", data_path.display())),
+            };
             let dm = data.metadata().map_err(|e| e.to_string())?;
+            data_ino = Some(dm.ino());
             if dm.len() != size {
                 return Err(format!("data has {} bytes, its seal says {size}", dm.len()));
             }
@@ -196,29 +216,43 @@ impl DiskCache {
                     }
                     None => self.touch(&seal_file, used),
                 }
-                Some(data)
+                FileLookup::Sound(data)
             }
-            Err(why) if why == OTHER_SIZE => {
+            Err(why) if why == OTHER_SIZE || why == GONE => {
                 self.stats.file_misses.fetch_add(1, Relaxed);
-                None
+                FileLookup::Absent
             }
             Err(why) => {
                 self.stats.corrupt.fetch_add(1, Relaxed);
                 self.stats.file_misses.fetch_add(1, Relaxed);
                 tracing::warn!("disk cache file entry {} is corrupt ({why}): deleted, the file is served from its chunks", data_path.display());
                 if self.mode() == Mode::ReadWrite {
-                    self.remove_file_entry(key);
+                    self.remove_file_entry(key, seal_ino, data_ino);
                 }
-                None
+                FileLookup::Corrupt
             }
         }
     }
 
-    /// Delete the file entry under `key` (seal first: data without a seal is never served).
-    fn remove_file_entry(&self, key: &DiskKey) {
+    /// Refresh the use time of the file entry under `key` (one being served for a long time
+    /// without new opens: an mmap), as a hit does.
+    pub fn touch_file(&self, key: &DiskKey) {
+        let (seal, _) = self.file_paths(key);
+        if let Ok(f) = File::open(&seal)
+            && let Ok(m) = f.metadata()
+        {
+            self.touch(&f, m.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        }
+    }
+
+    /// Delete the file entry under `key` (seal first: data without a seal is never served),
+    /// each half only if it is still the inode that was inspected (a writer may have just
+    /// renamed a good one in).
+    fn remove_file_entry(&self, key: &DiskKey, seal_ino: Option<u64>, data_ino: Option<u64>) {
         let (seal, data) = self.file_paths(key);
-        for p in [seal, data] {
+        for (p, ino) in [(seal, seal_ino), (data, data_ino)] {
             if let Ok(m) = fs::symlink_metadata(&p)
+                && ino.is_none_or(|i| i == m.ino())
                 && fs::remove_file(&p).is_ok()
             {
                 self.add_usage(-(m.len() as i64));
@@ -230,14 +264,14 @@ impl DiskCache {
     /// (which fills `buf` whole), block by block. Returns whether the entry is present now.
     /// Failures (of the cache or of `fill`) are warnings, never errors.
     pub fn put_file(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> bool {
-        let total = size + seal_len(size);
-        if self.mode() != Mode::ReadWrite || self.paused() || size > MAX_FILE_BYTES || total > self.cfg.budget_bytes {
+        if self.mode() != Mode::ReadWrite || self.paused() || size > MAX_FILE_BYTES || size + seal_len(size) > self.cfg.budget_bytes {
             self.stats.skipped_writes.fetch_add(1, Relaxed);
             return false;
         }
         if self.has_file(key, size) {
             return true;
         }
+        let total = size + seal_len(size);
         let Some(before) = self.add_usage(total as i64) else {
             self.stats.skipped_writes.fetch_add(1, Relaxed);
             return false;
@@ -272,6 +306,9 @@ impl DiskCache {
         let result = (|| -> Result<(), Failed> {
             let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
+            // Its whole length from the start: an eviction pass that recounts the directory
+            // meanwhile counts what this write has reserved (temporary files count).
+            f.set_len(size)?;
             let mut buf = vec![0u8; BLOCK as usize];
             let mut blocks = Vec::with_capacity(size.div_ceil(BLOCK) as usize);
             let mut at = 0u64;
@@ -282,9 +319,9 @@ impl DiskCache {
                 f.write_all_at(&buf[..n], at)?;
                 at += n as u64;
             }
-            if self.cfg.fsync {
-                f.sync_data()?;
-            }
+            // Always durable before it is renamed in and sealed: a seal whose stamp matches is
+            // trusted without reading, so a power loss must not leave it over unwritten blocks.
+            f.sync_data()?;
             fs::rename(&tmp, &data_path)?;
             // The stamp after the rename (which sets ctime): what later opens compare with.
             let stat = Stamp::of(&f.metadata()?);
@@ -372,9 +409,10 @@ mod tests {
         })
     }
 
-    fn content(f: Option<File>) -> Option<Vec<u8>> {
+    fn content(f: FileLookup) -> Option<Vec<u8>> {
+        let FileLookup::Sound(mut f) = f else { return None };
         let mut v = Vec::new();
-        f?.read_to_end(&mut v).unwrap();
+        f.read_to_end(&mut v).unwrap();
         Some(v)
     }
 
@@ -391,12 +429,12 @@ mod tests {
         let c = cache(dir.path(), 1 << 30);
         for (i, size) in [(1, BLOCK), (2, 3 * BLOCK + 17), (3, 5), (4, 0)] {
             assert!(!c.has_file(&key(i), size));
-            assert!(c.file_entry(&key(i), size).is_none());
+            assert!(matches!(c.file_entry(&key(i), size), FileLookup::Absent));
             assert!(put(&c, i, size), "{size}");
             assert!(c.has_file(&key(i), size));
             assert_eq!(content(c.file_entry(&key(i), size)).unwrap(), bytes(i, size), "{size}");
             // Another size is another file.
-            assert!(c.file_entry(&key(i), size + 1).is_none());
+            assert!(matches!(c.file_entry(&key(i), size + 1), FileLookup::Absent));
         }
         let s = c.snapshot();
         assert_eq!((s.file_writes, s.file_rechecks, s.corrupt), (4, 0, 0));
@@ -419,7 +457,7 @@ mod tests {
         fs::write(&data, bytes(1, size)).unwrap();
         assert_eq!(content(c.file_entry(&key(1), size)).unwrap(), bytes(1, size));
         assert_eq!(log(&c), (0, 1));
-        assert!(c.file_entry(&key(1), size).is_some());
+        assert!(matches!(c.file_entry(&key(1), size), FileLookup::Sound(_)));
         assert_eq!(log(&c), (0, 1), "sealed again: the next open checks nothing");
         // Times set back to the sealed ones by hand do not hide a change: ctime moves.
         let m = fs::metadata(&data).unwrap();
@@ -429,7 +467,7 @@ mod tests {
         let f = File::options().write(true).open(&data).unwrap();
         f.set_times(fs::FileTimes::new().set_modified(m.modified().unwrap())).unwrap();
         drop(f);
-        assert!(c.file_entry(&key(1), size).is_none(), "a flipped byte was served");
+        assert!(matches!(c.file_entry(&key(1), size), FileLookup::Corrupt), "a flipped byte was served");
         assert_eq!(log(&c), (1, 1));
         assert!(!seal.exists() && !data.exists(), "the corrupt entry is deleted");
 
@@ -450,12 +488,15 @@ mod tests {
             assert!(put(&c, 1, size));
             damage(&seal, &data);
             let before = c.snapshot().corrupt;
-            assert!(c.file_entry(&key(1), size).is_none(), "{what}: served");
+            let found = c.file_entry(&key(1), size);
+            assert!(!matches!(found, FileLookup::Sound(_)), "{what}: served");
             let counted = c.snapshot().corrupt - before;
-            if what == "seal deleted" {
-                // Data without a seal is a miss (a writer killed between the two renames).
-                assert_eq!(counted, 0, "{what}");
-                fs::remove_file(&data).unwrap();
+            if what == "seal deleted" || what == "data deleted" {
+                // One half without the other is a miss (a writer killed between its two
+                // renames, an eviction meanwhile), left to eviction.
+                assert!(matches!(found, FileLookup::Absent) && counted == 0, "{what}");
+                let _ = fs::remove_file(&data);
+                let _ = fs::remove_file(&seal);
             } else {
                 assert_eq!(counted, 1, "{what} (case {n})");
                 assert!(!seal.exists() && !data.exists(), "{what}: not deleted");
@@ -470,7 +511,7 @@ mod tests {
     fn file_entries_share_the_budget_and_the_lru() {
         let dir = tempfile::tempdir().unwrap();
         let budget = 10 * BLOCK;
-        let c = cache(dir.path(), budget);
+        let mut c = cache(dir.path(), budget);
         for i in 0..12 {
             assert!(put(&c, i, 2 * BLOCK));
             let chunks: u64 = fs::read_dir(dir.path().join("entries")).unwrap().flatten().flat_map(|s| fs::read_dir(s.path()).unwrap().flatten()).map(|e| e.metadata().unwrap().len()).sum();
@@ -482,7 +523,7 @@ mod tests {
         }
         assert!(c.snapshot().evictions > 0);
         // The newest file entry is there; evicted ones leave neither half behind.
-        assert!(c.file_entry(&key(11), 2 * BLOCK).is_some());
+        assert!(matches!(c.file_entry(&key(11), 2 * BLOCK), FileLookup::Sound(_)));
         for p in stored(dir.path()) {
             let seal = if p.extension().is_some_and(|e| e == "seal") { p.clone() } else { p.with_extension("seal") };
             assert!(seal.exists() && seal.with_extension("").exists(), "{} left half", p.display());
@@ -494,8 +535,12 @@ mod tests {
         let f = File::options().write(true).open(&orphan).unwrap();
         f.set_times(fs::FileTimes::new().set_modified(SystemTime::UNIX_EPOCH)).unwrap();
         drop(f);
+        // Over the bound with it: the pass removes the oldest first, the orphan.
+        let now = c.size_bytes();
+        c.set_budget(now - 1);
         c.evict(true);
-        assert!(!orphan.exists() || c.size_bytes() <= budget);
+        assert!(!orphan.exists(), "an orphan data file was not evicted first");
+        assert!(matches!(c.file_entry(&key(11), 2 * BLOCK), FileLookup::Sound(_)));
     }
 
     #[test]
@@ -515,6 +560,6 @@ mod tests {
         // Larger than the whole budget: not written.
         let small = cache(&dir.path().join("small"), BLOCK);
         assert!(!put(&small, 1, 2 * BLOCK));
-        assert!(small.file_entry(&key(1), 2 * BLOCK).is_none());
+        assert!(matches!(small.file_entry(&key(1), 2 * BLOCK), FileLookup::Absent));
     }
 }

@@ -46,7 +46,7 @@ use sha2::{Digest, Sha256};
 use twox_hash::XxHash3_128;
 
 mod files;
-pub use files::{seal_len, BLOCK as FILE_BLOCK};
+pub use files::{seal_len, FileLookup};
 
 /// Entry format: magic (with the format version), key, payload length, checksum.
 const MAGIC: [u8; 8] = *b"XPKFSDC1";
@@ -575,7 +575,9 @@ impl DiskCache {
         }
         let mut entries = self.scan();
         report.scanned = entries.len() as u64;
-        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        // Writes in progress count (file entries' temporary files have their full length
+        // from the start) but are not evicted.
+        let mut total: u64 = entries.iter().map(|e| e.1).sum::<u64>() + self.temp_bytes();
         report.bytes_before = total;
         if total > self.cfg.budget_bytes {
             let target = (self.cfg.budget_bytes as f64 * self.cfg.low_water.clamp(0.0, 1.0)) as u64;
@@ -625,20 +627,16 @@ impl DiskCache {
             let Ok(shards) = fs::read_dir(self.cfg.dir.join(top)) else { continue };
             for shard in shards.flatten() {
                 let Ok(files) = fs::read_dir(shard.path()) else { continue };
-                let mut found: Vec<(PathBuf, fs::Metadata)> =
+                let found: Vec<(PathBuf, fs::Metadata)> =
                     files.flatten().filter_map(|f| f.metadata().ok().filter(|m| m.is_file()).map(|m| (f.path(), m))).collect();
                 if top == "files" {
-                    // A seal stands for its data too.
-                    found.sort_by(|a, b| a.0.cmp(&b.0));
-                    let data_len = |seal: &Path| {
-                        let d = seal.with_extension("");
-                        found.binary_search_by(|(p, _)| p.as_path().cmp(&d)).ok().map(|i| found[i].1.len())
-                    };
+                    // A seal stands for its data too; data without a seal stands alone.
+                    let lens: std::collections::HashMap<PathBuf, u64> = found.iter().map(|(p, m)| (p.clone(), m.len())).collect();
                     for (path, m) in &found {
                         let mtime = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
                         if path.extension().is_some_and(|e| e == "seal") {
-                            out.push((mtime, m.len() + data_len(path).unwrap_or(0), path.clone()));
-                        } else if !found.iter().any(|(p, _)| p.extension().is_some_and(|e| e == "seal") && p.with_extension("") == *path) {
+                            out.push((mtime, m.len() + lens.get(&path.with_extension("")).copied().unwrap_or(0), path.clone()));
+                        } else if !lens.contains_key(&path.with_extension("seal")) {
                             out.push((mtime, m.len(), path.clone()));
                         }
                     }
@@ -648,6 +646,12 @@ impl DiskCache {
             }
         }
         out
+    }
+
+    /// Bytes of the temporary files of writes in progress.
+    fn temp_bytes(&self) -> u64 {
+        let Ok(tmps) = fs::read_dir(self.cfg.dir.join("tmp")) else { return 0 };
+        tmps.flatten().filter_map(|t| t.metadata().ok()).map(|m| m.len()).sum()
     }
 
     /// Remove temporary files whose writer is gone (their lock can be taken).
