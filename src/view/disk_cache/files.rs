@@ -23,7 +23,7 @@
 //! any entry. Counted in the same budget and evicted by the same LRU pass as chunk entries
 //! (the seal's mtime is the entry's use time; the data's times are never touched).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::hash::Hasher;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -301,16 +301,12 @@ impl DiskCache {
         if let Some(dir) = data_path.parent() {
             fs::create_dir_all(dir)?;
         }
-        let seq = self.seq.fetch_add(1, Relaxed);
-        let tmp = self.cfg.dir.join("tmp").join(format!("{}.{}.{seq}.file", key.hex(), std::process::id()));
-        let result = (|| -> Result<(), Failed> {
-            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
+        let mut blocks = Vec::with_capacity(size.div_ceil(BLOCK) as usize);
+        let f = self.write_renamed::<Failed>(&format!("{}.file", key.hex()), &data_path, |f| {
             // Its whole length from the start: an eviction pass that recounts the directory
             // meanwhile counts what this write has reserved (temporary files count).
             f.set_len(size)?;
             let mut buf = vec![0u8; BLOCK as usize];
-            let mut blocks = Vec::with_capacity(size.div_ceil(BLOCK) as usize);
             let mut at = 0u64;
             while at < size {
                 let n = (size - at).min(BLOCK) as usize;
@@ -322,34 +318,23 @@ impl DiskCache {
             // Always durable before it is renamed in and sealed: a seal whose stamp matches is
             // trusted without reading, so a power loss must not leave it over unwritten blocks.
             f.sync_data()?;
-            fs::rename(&tmp, &data_path)?;
-            // The stamp after the rename (which sets ctime): what later opens compare with.
-            let stat = Stamp::of(&f.metadata()?);
-            self.write_seal(&Seal { key: *key, size, stat, blocks }, &seal_path)?;
             Ok(())
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
+        })?;
+        // The stamp after the rename (which sets ctime): what later opens compare with.
+        let stat = Stamp::of(&f.metadata()?);
+        self.write_seal(&Seal { key: *key, size, stat, blocks }, &seal_path)?;
+        Ok(())
     }
 
     fn write_seal(&self, seal: &Seal, path: &std::path::Path) -> io::Result<()> {
-        let seq = self.seq.fetch_add(1, Relaxed);
-        let tmp = self.cfg.dir.join("tmp").join(format!("{}.{}.{seq}.seal", seal.key.hex(), std::process::id()));
-        let result = (|| {
-            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
+        self.write_renamed(&format!("{}.seal", seal.key.hex()), path, |f| {
             f.write_all_at(&seal.encode(), 0)?;
             if self.cfg.fsync {
                 f.sync_data()?;
             }
-            fs::rename(&tmp, path)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
+            Ok(())
+        })
+        .map(drop)
     }
 }
 

@@ -510,19 +510,29 @@ impl DiskCache {
     }
 
     fn write_entry(&self, key: &DiskKey, bytes: &[u8], path: &Path) -> io::Result<()> {
-        let seq = self.seq.fetch_add(1, Relaxed);
-        let tmp = self.cfg.dir.join("tmp").join(format!("{}.{}.{seq}", key.hex(), std::process::id()));
-        let result = (|| {
-            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            // Held until `f` is closed: a cleaner that can take it knows the writer is gone.
-            f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
-            let header = header(key, bytes);
-            f.write_all_at(&header, 0)?;
+        self.write_renamed(&key.hex(), path, |f| {
+            f.write_all_at(&header(key, bytes), 0)?;
             f.write_all_at(bytes, HEADER_BYTES)?;
             if self.cfg.fsync {
                 f.sync_data()?;
             }
-            fs::rename(&tmp, path)
+            Ok(())
+        })
+        .map(drop)
+    }
+
+    /// Write a new temporary file under `tmp/` with `write`, then rename it to `path`;
+    /// returns it (still open). On failure the temporary file is removed. It is locked by
+    /// this writer until closed: a cleaner that can take the lock knows the writer is gone.
+    fn write_renamed<E: From<io::Error>>(&self, stem: &str, path: &Path, write: impl FnOnce(&File) -> Result<(), E>) -> Result<File, E> {
+        let seq = self.seq.fetch_add(1, Relaxed);
+        let tmp = self.cfg.dir.join("tmp").join(format!("{stem}.{}.{seq}", std::process::id()));
+        let result = (|| {
+            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
+            write(&f)?;
+            fs::rename(&tmp, path)?;
+            Ok(f)
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
