@@ -153,23 +153,19 @@ pub fn mount(
         let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
         tree.add_dynamic(hidden, "stats.json", stats_json.clone());
     }
-    let fs_slot: Arc<std::sync::OnceLock<Arc<Fs>>> = Arc::default();
+    let fs = Arc::new(Fs::with_stats(tree, owner, stats).with_file_entries(files));
     {
         // Every minute: the debug log line, and the use time of the file entries being
         // passed through (a file mmapped for days sends no opens and no reads to the daemon).
-        let (stats_json, passthrough, fs_slot) = (stats_json.clone(), passthrough.clone(), fs_slot.clone());
+        let (stats_json, passthrough, fs) = (stats_json.clone(), passthrough.clone(), fs.clone());
         std::thread::spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_secs(60));
             if tracing::enabled!(tracing::Level::DEBUG) {
                 tracing::debug!("stats: {}", String::from_utf8_lossy(&stats_json()));
             }
-            if let Some(fs) = fs_slot.get() {
-                passthrough.live_inodes().into_iter().for_each(|ino| fs.in_use(ino));
-            }
+            passthrough.live_inodes().into_iter().for_each(|ino| fs.in_use(ino));
         });
     }
-    let fs = Arc::new(Fs::with_stats(tree, owner, stats).with_file_entries(files));
-    let _ = fs_slot.set(fs.clone());
     // Building a large view (the INT8 tree of a full-size model has 66,000 files; manifest
     // lengths are computed by rendering them once) leaves freed heap behind: give it back.
     #[cfg(target_env = "gnu")]

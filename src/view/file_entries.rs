@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::compute::Tiers;
-use super::disk_cache::{DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
+use super::disk_cache::{source_file_key, DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
 use super::{Extent, VirtualFile};
 
 /// Smaller files are served through the daemon only (their chunk entries are enough: the
@@ -41,10 +41,11 @@ pub fn key(f: &VirtualFile) -> Option<DiskKey> {
 }
 
 fn compute_key(f: &VirtualFile) -> Option<DiskKey> {
-    if f.is_derived() || f.size() < MIN_FILE_BYTES {
+    // Cheap refusals first: mounts ask for every file's key at start-up.
+    let persistent = f.extents().any(|(_, e)| matches!(e, Extent::Computed { source, .. } if source.persistent()));
+    if !persistent || f.is_derived() || f.size() < MIN_FILE_BYTES {
         return None;
     }
-    let mut persistent = false;
     let mut sources: HashMap<*const crate::source::SourceFile, String> = HashMap::new();
     let mut b = KeyBuilder::new("file").u64("size", f.size());
     for (start, e) in f.extents() {
@@ -53,18 +54,13 @@ fn compute_key(f: &VirtualFile) -> Option<DiskKey> {
             Extent::Bytes(bytes) => b.field("bytes", Sha256::digest(bytes)),
             Extent::Zeros(n) => b.u64("zeros", *n),
             Extent::Source { file, offset, len } => {
-                let id = sources
-                    .entry(Arc::as_ptr(file))
-                    .or_insert_with(|| crate::digest::identity_key("", &crate::digest::records_of(std::slice::from_ref(file))));
+                let id = sources.entry(Arc::as_ptr(file)).or_insert_with(|| source_file_key(file));
                 b.field("source", id.as_bytes()).u64("offset", *offset).u64("len", *len)
             }
-            Extent::Computed { source, id, len } => {
-                persistent |= source.persistent();
-                b.field("chunk", source.disk_key(*id)?.0).u64("len", *len)
-            }
+            Extent::Computed { source, id, len } => b.field("chunk", source.disk_key(*id)?.0).u64("len", *len),
         };
     }
-    persistent.then(|| b.finish())
+    Some(b.finish())
 }
 
 /// Whether every chunk of `f` kept in the disk cache is in memory or on disk (its size

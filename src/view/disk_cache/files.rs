@@ -156,16 +156,7 @@ impl DiskCache {
             return FileLookup::Absent;
         }
         let (seal_path, data_path) = self.file_paths(key);
-        let seal_file = match File::open(&seal_path) {
-            Ok(f) => f,
-            Err(e) => {
-                if e.kind() != ErrorKind::NotFound {
-                    self.warn("open", || format!("{}: {e}", seal_path.display()));
-                }
-                self.stats.file_misses.fetch_add(1, Relaxed);
-                return FileLookup::Absent;
-            }
-        };
+        let Some(seal_file) = self.open_or_miss(&seal_path, &self.stats.file_misses) else { return FileLookup::Absent };
         let seal_ino = seal_file.metadata().map(|m| m.ino()).ok();
         let mut data_ino = None;
         let result = (|| -> Result<(File, SystemTime, Option<Seal>), String> {
@@ -490,6 +481,54 @@ mod tests {
         // Damage from outside changes sizes under the counter; the next recount repairs it.
         c.evict(true);
         assert_eq!(c.snapshot().size_bytes, 0);
+    }
+
+    /// Every truncation of a seal, every single-byte change of it, and seals of noise:
+    /// none panics, none is served (the data is sound, so only the seal can refuse it).
+    #[test]
+    fn hostile_seals_are_refused_without_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path(), 1 << 30);
+        let size = 2 * BLOCK + 3;
+        assert!(put(&c, 1, size));
+        let (seal, data) = c.file_paths(&key(1));
+        let good = fs::read(&seal).unwrap();
+        let body = fs::read(&data).unwrap();
+        let mut cases: Vec<Vec<u8>> = (0..good.len()).map(|n| good[..n].to_vec()).collect();
+        for at in 0..good.len() {
+            let mut b = good.clone();
+            b[at] ^= 0x5a;
+            cases.push(b);
+        }
+        let mut x = 0x243F_6A88_85A3_08D3u64;
+        for len in [0, 1, 111, 112, 120, good.len(), 1 << 16] {
+            cases.push((0..len).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            }).collect());
+        }
+        // Sound checksums over wrong fields: a huge size, another block size, a short file.
+        for (at, v) in [(40, u64::MAX), (40, MAX_FILE_BYTES), (88, 4096), (40, 1)] {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            let n = b.len() - 16;
+            let sum = XxHash3_128::oneshot(&b[..n]).to_le_bytes();
+            b[n..].copy_from_slice(&sum);
+            cases.push(b);
+        }
+        for (n, case) in cases.iter().enumerate() {
+            fs::write(&seal, case).unwrap();
+            if !data.exists() {
+                fs::write(&data, &body).unwrap();
+            }
+            assert!(!matches!(c.file_entry(&key(1), size), FileLookup::Sound(_)), "hostile seal {n} accepted");
+        }
+        // The good seal still works after all that (its data rewritten: checked, resealed).
+        fs::write(&seal, &good).unwrap();
+        fs::write(&data, &body).unwrap();
+        assert_eq!(content(c.file_entry(&key(1), size)).unwrap(), body);
     }
 
     #[test]

@@ -30,8 +30,9 @@
 //! beside them; same budget, same LRU.
 //!
 //! Layout of the directory: `entries/<2 hex>/<64 hex>` (256 shards), `files/<2 hex>/<64 hex>`
-//! and `.seal` beside it, `tmp/`, `usage`, `evict.lock`. Several processes may share it (each temporary file is `flock`ed by its
-//! writer, so stale ones, of writers that died, are recognised and removed).
+//! and `.seal` beside it, `tmp/`, `usage`, `evict.lock`. Several processes may share it
+//! (each temporary file is `flock`ed by its writer, so stale ones, of writers that died, are
+//! recognised and removed).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
@@ -122,7 +123,12 @@ impl KeyBuilder {
 /// entry computed from a file that has changed since is never found. Computed once per
 /// build, then added to each producer's key.
 pub fn source_file_keys(files: &[Arc<crate::source::SourceFile>]) -> Vec<String> {
-    files.iter().map(|f| crate::digest::identity_key("", &crate::digest::records_of(std::slice::from_ref(f)))).collect()
+    files.iter().map(source_file_key).collect()
+}
+
+/// The identity of one source file as keys hold it (see [`source_file_keys`]).
+pub fn source_file_key(file: &Arc<crate::source::SourceFile>) -> String {
+    crate::digest::identity_key("", &crate::digest::records_of(std::slice::from_ref(file)))
 }
 
 /// Base key of a chunk producer (one tensor's chunks, ...), fixed at view build time.
@@ -386,16 +392,7 @@ impl DiskCache {
             return None;
         }
         let path = self.entry_path(key);
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) => {
-                if e.kind() != ErrorKind::NotFound {
-                    self.warn("open", || format!("{}: {e}", path.display()));
-                }
-                self.stats.misses.fetch_add(1, Relaxed);
-                return None;
-            }
-        };
+        let file = self.open_or_miss(&path, &self.stats.misses)?;
         match read_entry(&file, key) {
             Ok((bytes, mtime)) => {
                 self.stats.hits.fetch_add(1, Relaxed);
@@ -416,6 +413,19 @@ impl DiskCache {
                 None
             }
         }
+    }
+
+    /// `path` open for reading, or a miss counted in `misses` (absent; any other failure is
+    /// also a warning).
+    fn open_or_miss(&self, path: &Path, misses: &AtomicU64) -> Option<File> {
+        File::open(path)
+            .map_err(|e| {
+                if e.kind() != ErrorKind::NotFound {
+                    self.warn("open", || format!("{}: {e}", path.display()));
+                }
+                misses.fetch_add(1, Relaxed);
+            })
+            .ok()
     }
 
     /// Whether an entry of `payload_len` bytes is present under `key` (size checked, not
