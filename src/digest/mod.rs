@@ -13,6 +13,7 @@
 //! of the canonical JSON of the files' paths and identities. Written atomically.
 
 
+pub mod lanes;
 mod pass;
 mod store;
 
@@ -24,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::source::{FileIdentity, Source, SourceError};
 
 pub use crate::util::{hex, sha256_hex};
-pub use pass::compute;
+pub use pass::{compute, compute_with};
 pub use store::{identity_key, records_of, DigestStore};
 
 pub const STORE_FORMAT: &str = "xpackfs-digests-v1";
