@@ -484,6 +484,51 @@ impl Engine {
     }
 }
 
+/// The sha256 of whole files, many at once: every core runs an [`Engine`], each file one
+/// job, opened when its turn comes (never more open than lanes). `expected`, when given,
+/// holds what each file should hash to: once a file differs, files after it in order are
+/// no longer started (a checker reports the first difference in order, so nothing after it
+/// matters). `None` for a file: not hashed (it could not be opened or read, or came after
+/// a difference); the caller hashes such files one by one to report exactly what happened.
+pub fn sha256_files(paths: &[std::path::PathBuf], expected: Option<&[String]>) -> Vec<Option<String>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = paths.len();
+    let results: parking_lot::Mutex<Vec<Option<String>>> = parking_lot::Mutex::new(vec![None; n]);
+    let (next, first_bad) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
+    let kernel = Kernel::best();
+    let threads = std::thread::available_parallelism().map_or(2, |c| c.get()).min(n);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let next_job = || loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n || i > first_bad.load(Ordering::Relaxed) {
+                        return None;
+                    }
+                    match SourceFile::open(&paths[i]) {
+                        Ok(f) => {
+                            let end = f.size();
+                            return Some(Job { file: Arc::new(f), start: 0, end, slice_bytes: 0, tag: i });
+                        }
+                        Err(_) => {
+                            first_bad.fetch_min(i, Ordering::Relaxed);
+                        }
+                    }
+                };
+                let done = |d: Done| {
+                    if expected.is_some_and(|e| e.get(d.tag) != Some(&d.sha256)) {
+                        first_bad.fetch_min(d.tag, Ordering::Relaxed);
+                    }
+                    results.lock()[d.tag] = Some(d.sha256);
+                };
+                // A read error ends this engine: its files in flight stay `None`.
+                let _ = Engine::new(kernel).run(next_job, done, &|_| {});
+            });
+        }
+    });
+    results.into_inner()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,6 +609,35 @@ mod tests {
             let mut jobs = vec![Job { file: file.clone(), start: 500, end: 2000, slice_bytes: 100, tag: 0 }].into_iter();
             let r = Engine::new(kernel).run(|| jobs.next(), |_| {}, &|_| {});
             assert!(r.is_err(), "kernel {}", kernel.name());
+        }
+    }
+
+    #[test]
+    fn files_hash_as_sha256_and_a_difference_stops_later_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut paths = Vec::new();
+        let mut want = Vec::new();
+        for (i, len) in [0usize, 1, 64, 1000, BUF + 3, 77, 5000].iter().enumerate() {
+            let data: Vec<u8> = (0..*len).map(|j| (j * (i + 3)) as u8).collect();
+            let p = dir.path().join(format!("f{i}"));
+            std::fs::write(&p, &data).unwrap();
+            paths.push(p);
+            want.push(sha256_hex(&data));
+        }
+        let got = sha256_files(&paths, None);
+        assert_eq!(got, want.iter().cloned().map(Some).collect::<Vec<_>>());
+        // A missing file is `None`, the others still hash.
+        let mut with_missing = paths.clone();
+        with_missing[2] = dir.path().join("missing");
+        let got = sha256_files(&with_missing, None);
+        assert_eq!(got[2], None);
+        assert_eq!(got[3].as_ref(), Some(&want[3]));
+        // With expectations, everything before a difference is hashed.
+        let mut expected = want.clone();
+        expected[4] = "0".repeat(64);
+        let got = sha256_files(&paths, Some(&expected));
+        for i in 0..5 {
+            assert_eq!(got[i].as_ref(), Some(&want[i]), "file {i}");
         }
     }
 }

@@ -84,9 +84,10 @@ impl Derived {
         if let Some(d) = remembered.then(|| self.store.load_view(&self.key)).flatten().filter(|d| d.len() == self.inputs.len()) {
             return Ok(d);
         }
-        let streamed = self.inputs.iter().all(|i| matches!(i, Input::View { file, offset, len } if file.known_digest(*offset, *len).is_some()));
-        if !streamed {
-            tracing::info!("{}: hashing {} input(s) through the view once; the digests will be remembered", self.what, self.inputs.len());
+        let unknown = self.inputs.iter().filter(|i| !matches!(i, Input::View { file, offset, len } if file.known_digest(*offset, *len).is_some())).count();
+        if unknown > 0 {
+            let then = if remembered { "; the digests will be remembered" } else { "" };
+            tracing::info!("{}: hashing {unknown} of {} input(s) through the view{then}", self.what, self.inputs.len());
         }
         let digests = self.inputs.iter().map(Input::sha256).collect::<Result<Vec<_>, _>>()?;
         if remembered && let Err(e) = self.store.save_view(&self.key, &digests) {

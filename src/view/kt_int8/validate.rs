@@ -214,6 +214,7 @@ fn validate_layer(
     inter: i64,
     verify: bool,
     validated: &mut Vec<String>,
+    checks: &mut Vec<HashCheck>,
 ) -> R<(u64, u64)> {
     let Value::Object(layer) = layer else { return Err("INT8 manifest layer entries must be JSON objects".into()) };
     let idx = nonnegative_int(layer.get("index"), "layer.index")?;
@@ -338,10 +339,7 @@ fn validate_layer(
             let Some(expected_hash) = hash.and_then(Value::as_str) else {
                 return Err(format!("full hash verification is unavailable for legacy schema-1 file {rel}"));
             };
-            let actual = sha256_file(&absolute)?;
-            if actual != expected_hash {
-                return Err(format!("INT8 SHA256 mismatch for {}: expected {expected_hash}, got {actual}", absolute.display()));
-            }
+            checks.push(HashCheck { path: absolute, expected: expected_hash.to_string() });
         }
     }
     let mut missing = Vec::new();
@@ -379,7 +377,41 @@ pub fn validate(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> Re
     validate_rules(root, expect, verify_hashes).map_err(|rule| InvalidTree { root: root.to_path_buf(), rule })
 }
 
+/// A file whose sha256 the manifest declares, hashed after the structure is checked.
+struct HashCheck {
+    path: PathBuf,
+    expected: String,
+}
+
+/// Check the files' hashes in parallel ([`crate::digest::lanes::sha256_files`]) and report
+/// the first failure in manifest order, with the message hashing them one by one gives.
+fn check_hashes(checks: &[HashCheck]) -> R<()> {
+    let paths: Vec<PathBuf> = checks.iter().map(|c| c.path.clone()).collect();
+    let expected: Vec<String> = checks.iter().map(|c| c.expected.clone()).collect();
+    let hashed = crate::digest::lanes::sha256_files(&paths, Some(&expected));
+    for (c, h) in checks.iter().zip(hashed) {
+        let actual = match h {
+            Some(h) => h,
+            None => sha256_file(&c.path)?,
+        };
+        if actual != c.expected {
+            return Err(format!("INT8 SHA256 mismatch for {}: expected {}, got {actual}", c.path.display(), c.expected));
+        }
+    }
+    Ok(())
+}
+
+/// The structure, then the hashes: the hashes of every file the manifest lists before the
+/// first structural fault are checked first, so the verdict is the one checking each file
+/// in order (hash included) would give, while the hashing runs in parallel.
 fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> R<Validated> {
+    let mut checks = Vec::new();
+    let structure = validate_structure(root, expect, verify_hashes, &mut checks);
+    check_hashes(&checks)?;
+    structure
+}
+
+fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>, checks: &mut Vec<HashCheck>) -> R<Validated> {
     // Expectations the caller did not give come from the manifest: then the root and the
     // manifest are read (and their faults reported) first.
     let all_given = expect.layers.is_some()
@@ -491,7 +523,7 @@ fn validate_rules(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> 
     let (mut file_count, mut size_bytes) = (0u64, 0u64);
     let mut files = Vec::new();
     for l in layers {
-        let (f, b) = validate_layer(&resolved, l, schema, numa, experts, hidden, inter, verify, &mut files)?;
+        let (f, b) = validate_layer(&resolved, l, schema, numa, experts, hidden, inter, verify, &mut files, checks)?;
         file_count += f;
         size_bytes = size_bytes.checked_add(b).ok_or("persistent INT8 manifest byte total overflows")?;
     }
