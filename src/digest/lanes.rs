@@ -368,12 +368,14 @@ impl Engine {
     }
 
     /// Run every job `next` hands out until it returns `None`; `done` gets each finished
-    /// job, `progress` the bytes of whole-range streams hashed. Stops at the first read error.
+    /// job, `progress` the bytes of whole-range streams hashed. Stops at the first read error,
+    /// and when `cancel` is set (checked at every buffer refill), leaving jobs unfinished.
     pub fn run(
         &mut self,
         mut next: impl FnMut() -> Option<Job>,
         mut done: impl FnMut(Done),
         progress: &dyn Fn(u64),
+        cancel: &std::sync::atomic::AtomicBool,
     ) -> Result<(), SourceError> {
         let mut active: Vec<Active> = Vec::new();
         let mut free: u16 = u16::MAX;
@@ -440,6 +442,9 @@ impl Engine {
                     if !refill {
                         break;
                     }
+                    if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Ok(());
+                    }
                     a.refill()?;
                 }
             }
@@ -486,8 +491,8 @@ impl Engine {
 
 /// The sha256 of whole files, many at once: every core runs an [`Engine`], each file one
 /// job, opened when its turn comes (never more open than lanes). `expected`, when given,
-/// holds what each file should hash to: once a file differs, files after it in order are
-/// no longer started (a checker reports the first difference in order, so nothing after it
+/// holds what each file should hash to: once a file differs (or cannot be opened), files
+/// after it in order are no longer started (a checker reports the first difference in order, so nothing after it
 /// matters). `None` for a file: not hashed (it could not be opened or read, or came after
 /// a difference); the caller hashes such files one by one to report exactly what happened.
 pub fn sha256_files(paths: &[std::path::PathBuf], expected: Option<&[String]>) -> Vec<Option<String>> {
@@ -510,9 +515,10 @@ pub fn sha256_files(paths: &[std::path::PathBuf], expected: Option<&[String]>) -
                             let end = f.size();
                             return Some(Job { file: Arc::new(f), start: 0, end, slice_bytes: 0, tag: i });
                         }
-                        Err(_) => {
+                        Err(_) if expected.is_some() => {
                             first_bad.fetch_min(i, Ordering::Relaxed);
                         }
+                        Err(_) => {}
                     }
                 };
                 let done = |d: Done| {
@@ -522,7 +528,7 @@ pub fn sha256_files(paths: &[std::path::PathBuf], expected: Option<&[String]>) -
                     results.lock()[d.tag] = Some(d.sha256);
                 };
                 // A read error ends this engine: its files in flight stay `None`.
-                let _ = Engine::new(kernel).run(next_job, done, &|_| {});
+                let _ = Engine::new(kernel).run(next_job, done, &|_| {}, &std::sync::atomic::AtomicBool::new(false));
             });
         }
     });
@@ -588,9 +594,14 @@ mod tests {
             let mut got = Vec::new();
             let counted = std::sync::atomic::AtomicU64::new(0);
             Engine::new(kernel)
-                .run(|| queue.next(), |d| got.push(d), &|n| {
-                    counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                })
+                .run(
+                    || queue.next(),
+                    |d| got.push(d),
+                    &|n| {
+                        counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    },
+                    &std::sync::atomic::AtomicBool::new(false),
+                )
                 .unwrap();
             got.sort_by_key(|d| d.tag);
             let want: Vec<Done> = jobs.iter().map(|j| expect(&data, j)).collect::<Vec<_>>();
@@ -607,7 +618,7 @@ mod tests {
         let (_tmp, file, _) = fixture(1000);
         for kernel in Kernel::available() {
             let mut jobs = vec![Job { file: file.clone(), start: 500, end: 2000, slice_bytes: 100, tag: 0 }].into_iter();
-            let r = Engine::new(kernel).run(|| jobs.next(), |_| {}, &|_| {});
+            let r = Engine::new(kernel).run(|| jobs.next(), |_| {}, &|_| {}, &std::sync::atomic::AtomicBool::new(false));
             assert!(r.is_err(), "kernel {}", kernel.name());
         }
     }

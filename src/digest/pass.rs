@@ -122,6 +122,7 @@ pub fn compute_with(source: &Source, kernel: Kernel) -> Result<SourceDigests, Di
                         &|n| {
                             jobs_done.fetch_add(n, Ordering::Relaxed);
                         },
+                        &failed,
                     );
                     if r.is_err() {
                         failed.store(true, Ordering::Relaxed);
