@@ -156,6 +156,8 @@ def main() -> int:
     parser("huge_dims_count", b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv("general.architecture", STR, "deepseek2") + info, "tensor \"x.weight\": 4294967295 dimensions")
     parser("block_mismatch", gguf(experts() + [("q.weight", [33, 2], Q8_0)]), "tensor \"q.weight\": first dimension 33 is not a multiple of the Q8_0 block size 32")
     parser("size_overflow", gguf(experts() + [("big.weight", [1 << 40, 1 << 40], F32T)]), "tensor \"big.weight\": byte size of shape")
+    # A row whose byte size overflows is an overflow, not a block-size problem (F32's block is 1).
+    parser("row_bytes_overflow", gguf(experts() + [("wide.weight", [1 << 62, 1], F32T)]), "tensor \"wide.weight\": row byte size overflows: first dimension 4611686018427387904 of F32")
     parser("element_overflow", gguf(experts() + [("big.weight", [1, 1 << 32, 1 << 32, 1 << 32], F32T)]), "tensor \"big.weight\": element count overflows")
     parser("misaligned_offset", gguf([("a.weight", [8], F32T)], offsets=[4]), "tensor \"a.weight\": offset 4 is not a multiple of the alignment 32")
     parser("out_of_bounds", gguf([("a.weight", [8], F32T)], offsets=[1 << 40]), "tensor \"a.weight\": data [")

@@ -270,8 +270,24 @@ def main() -> int:
         name = f"config_{key}_huge"
         v4_checkpoint(d(name), config=v4_config(**{**V4, "E" if key == "n_routed_experts" else "L": value}))
         add_dir(name, {"mount": f"config.json {key} = {value} is beyond any real model", "materialize": f"config.json {key} = {value} is beyond any real model"}, views=["bf16-cache"])
+    # config.json shapes that are not what a V4 config is: each message says what is wrong.
+    def config_shape(name, config, rule):
+        v4_checkpoint(d(name), config=config)
+        add_dir(name, {"mount": rule, "materialize": rule}, views=["bf16-cache"], names="config.json")
+    config_shape("config_is_a_list", [v4_config()], "config.json must be a JSON object, it is a list")
+    config_shape("v41_text_config_list", {"model_type": "deepseek_v41", "text_config": [v4_config()]},
+                 "deepseek_v41 config.json text_config must be an object, it is a list")
+    config_shape("config_hidden_zero", v4_config(hidden_size=0), "native V4 dimension config.json hidden_size must be a positive integer (got 0)")
+    config_shape("config_experts_missing", {k: v for k, v in v4_config().items() if k != "n_routed_experts"},
+                 "native V4 dimension config.json n_routed_experts must be a positive integer (missing)")
     exp = "model-00002-of-00002.safetensors"
     w1 = "layers.0.ffn.experts.0.w1.weight"
+    dense = "model-00001-of-00002.safetensors"
+    scale0 = "layers.0.attn.wq_a.scale"
+    # A scale that is there but of the wrong type is not "missing".
+    v4_checkpoint(d("fp8_scale_as_f32"), edit=lambda sh: replace(sh[dense], scale0, dtype="F32", data=bytes(4 * numel([2, 2]))))
+    add_dir("fp8_scale_as_f32", {"mount": f"native FP8 scale {scale0} of layers.0.attn.wq_a.weight is F32, expected F8_E8M0",
+                                 "materialize": f"native FP8 scale {scale0} of layers.0.attn.wq_a.weight is F32, expected F8_E8M0"}, views=["bf16-cache"])
 
     def v4_view(name, edit, expect, views, note=""):
         v4_checkpoint(d(name), edit=edit)

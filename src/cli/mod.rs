@@ -120,13 +120,16 @@ struct ValidateArgs {
     #[arg(long, value_name = "L,L,...", value_delimiter = ',')]
     layers: Option<Vec<i64>>,
     /// Expected threadpool (NUMA) count
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..=crate::view::kt_int8::validate::MAX_THREADPOOL_COUNT))]
     numa_count: Option<i64>,
-    #[arg(long)]
+    /// Expected routed-expert count
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     expert_num: Option<i64>,
-    #[arg(long)]
+    /// Expected hidden size
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     hidden_size: Option<i64>,
-    #[arg(long)]
+    /// Expected expert intermediate size
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     intermediate_size: Option<i64>,
     /// Hash every file
     #[arg(long, conflicts_with = "no_verify_hashes")]
@@ -266,6 +269,17 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Cli, String> {
         let args = normalize(args.iter().map(OsString::from).collect())?;
         Cli::try_parse_from(args).map_err(|e| e.to_string())
+    }
+
+    /// validate-int8's expectations are the flags' own values: a bad one is refused as the
+    /// flag's (usage, exit 2), never blamed on the manifest.
+    #[test]
+    fn validate_int8_flags_refuse_their_own_bad_values() {
+        for (flag, value) in [("--numa-count", "0"), ("--numa-count", "4097"), ("--expert-num", "0"), ("--hidden-size", "-1"), ("--intermediate-size", "0")] {
+            let err = parse(&["xpackfs", "validate-int8", "/t", flag, value]).err().unwrap_or_default();
+            assert!(err.contains(flag), "{flag} {value}: {err}");
+        }
+        assert!(parse(&["xpackfs", "validate-int8", "/t", "--numa-count", "2"]).is_ok());
     }
 
     #[test]

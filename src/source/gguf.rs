@@ -513,12 +513,15 @@ pub fn parse_file(
         for &d in higher {
             rows = rows.checked_mul(d).ok_or_else(|| SourceError::tensor(path, &r.name, "element count overflows"))?;
         }
-        let row_bytes = ggml_type.row_bytes(ne0).ok_or_else(|| {
-            SourceError::tensor(
+        if !ne0.is_multiple_of(ggml_type.block_size) {
+            return Err(SourceError::tensor(
                 path,
                 &r.name,
                 format!("first dimension {ne0} is not a multiple of the {} block size {}", ggml_type, ggml_type.block_size),
-            )
+            ));
+        }
+        let row_bytes = ggml_type.row_bytes(ne0).ok_or_else(|| {
+            SourceError::tensor(path, &r.name, format!("row byte size overflows: first dimension {ne0} of {} ({} bytes per {} elements)", ggml_type, ggml_type.type_size, ggml_type.block_size))
         })?;
         let nbytes = row_bytes
             .checked_mul(rows)

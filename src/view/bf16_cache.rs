@@ -115,11 +115,30 @@ fn positive(v: Option<&Value>) -> Option<u64> {
     v.and_then(Value::as_u64).filter(|&x| x > 0)
 }
 
+/// What kind of JSON value `v` is, for messages.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
 pub fn read_config(config: &Value) -> Result<V4Config, ViewError> {
+    if !config.is_object() {
+        return Err(err(format!("config.json must be a JSON object, it is {}", json_kind(config))));
+    }
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
     let (text, expected_block) = match model_type {
         "deepseek_v4" => (config, Some([128usize, 128])),
-        "deepseek_v41" => (config.get("text_config").ok_or_else(|| err("deepseek_v41 config has no text_config"))?, None),
+        "deepseek_v41" => match config.get("text_config") {
+            Some(t @ Value::Object(_)) => (t, None),
+            Some(other) => return Err(err(format!("deepseek_v41 config.json text_config must be an object, it is {}", json_kind(other)))),
+            None => return Err(err("deepseek_v41 config has no text_config")),
+        },
         other => return Err(err(format!("native MXFP4 SFT currently requires DeepSeek V4 (model_type deepseek_v4 or deepseek_v41), got {other:?}"))),
     };
     let quant = text.get("quantization_config").or_else(|| config.get("quantization_config")).cloned().unwrap_or(Value::Null);
@@ -135,12 +154,11 @@ pub fn read_config(config: &Value) -> Result<V4Config, ViewError> {
     if !ok {
         return Err(err(format!("expected the native V4 FP8/UE8M0 non-expert checkpoint, quantization_config is {quant}")));
     }
-    let dims: Vec<Option<u64>> = ["num_hidden_layers", "n_routed_experts", "hidden_size", "moe_intermediate_size"]
-        .iter()
-        .map(|k| positive(text.get(*k)))
-        .collect();
-    if dims.iter().any(Option::is_none) {
-        return Err(err("native V4 dimensions must be positive integers"));
+    let keys = ["num_hidden_layers", "n_routed_experts", "hidden_size", "moe_intermediate_size"];
+    let dims: Vec<Option<u64>> = keys.iter().map(|k| positive(text.get(*k))).collect();
+    if let Some((key, _)) = keys.iter().zip(&dims).find(|(_, d)| d.is_none()) {
+        let got = text.get(*key).map_or_else(|| "missing".to_string(), |v| format!("got {v}"));
+        return Err(err(format!("native V4 dimension config.json {key} must be a positive integer ({got})")));
     }
     let (layers, experts, hidden, inter) = (dims[0].unwrap_or(1), dims[1].unwrap_or(1), dims[2].unwrap_or(1), dims[3].unwrap_or(1));
     for (key, v, max) in [("num_hidden_layers", layers, 4096), ("n_routed_experts", experts, 65536), ("hidden_size", hidden, 1 << 20), ("moe_intermediate_size", inter, 1 << 20)] {
@@ -247,8 +265,10 @@ fn plan(source: &Source, cfg: &V4Config) -> Result<Vec<Planned>, ViewError> {
         let mut scale = None;
         if is_fp8(dtype) {
             let scale_key = format!("{}.scale", key.strip_suffix(".weight").unwrap_or(key));
-            if dtype_of(&scale_key) != Some(Dtype::F8_E8M0) {
-                return Err(err(format!("missing native FP8 scale: {key}")));
+            match dtype_of(&scale_key) {
+                Some(Dtype::F8_E8M0) => {}
+                None => return Err(err(format!("missing native FP8 scale: {key}"))),
+                Some(other) => return Err(err(format!("native FP8 scale {scale_key} of {key} is {other:?}, expected F8_E8M0 (UE8M0 exponents)"))),
             }
             let si = by_name[scale_key.as_str()];
             let s = &source.tensors[si];

@@ -442,11 +442,18 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
         expect.hidden_size.or_else(|| get("hidden_size")),
         expect.intermediate_size.or_else(|| get("intermediate_size")),
     );
-    let need = |v: Option<i64>, name: &str| v.filter(|x| *x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer"));
-    let numa = need(numa, "threadpool_count")?;
-    let experts = need(experts, "expert_num")?;
-    let hidden = need(hidden, "hidden_size")?;
-    let inter = need(inter, "intermediate_size")?;
+    // A value given on the command line is the flag's; else it is the manifest's.
+    let need = |v: Option<i64>, flag: Option<i64>, name: &str, flag_name: &str| match flag {
+        Some(f) if f <= 0 => Err(format!("--{flag_name} must be a positive integer, got {f}")),
+        _ => v.filter(|x| *x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer")),
+    };
+    let numa = need(numa, expect.numa_count, "threadpool_count", "numa-count")?;
+    let experts = need(experts, expect.expert_num, "expert_num", "expert-num")?;
+    let hidden = need(hidden, expect.hidden_size, "hidden_size", "hidden-size")?;
+    let inter = need(inter, expect.intermediate_size, "intermediate_size", "intermediate-size")?;
+    if let Some(f) = expect.numa_count.filter(|&f| f > MAX_THREADPOOL_COUNT) {
+        return Err(format!("--numa-count {f} exceeds the cap of {MAX_THREADPOOL_COUNT}"));
+    }
     if numa > MAX_THREADPOOL_COUNT {
         return Err(format!("INT8 manifest threadpool_count {numa} exceeds the cap of {MAX_THREADPOOL_COUNT}"));
     }
