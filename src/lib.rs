@@ -16,6 +16,7 @@ pub mod materialize;
 pub mod pyjson;
 pub mod serve;
 pub mod source;
+pub mod store;
 pub mod util;
 pub mod view;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::source::SourceIo;
-use crate::view::disk_cache::FileLookup;
-use crate::view::file_entries::{self, FileEntries};
+use crate::store::file_entries;
+use crate::store::{FileEntries, FileLookup};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,14 +189,14 @@ impl Fs {
     /// Whether a passthrough open of `ino` may be possible: a whole source file, or a file
     /// that can have a file entry.
     pub fn may_pass_through(&self, ino: Ino) -> bool {
-        self.vfile(ino).is_some_and(|f| f.whole_source().is_some() || (self.files.is_some() && file_entries::key(f).is_some()))
+        self.vfile(ino).is_some_and(|f| f.whole_source().is_some() || (self.files.is_some() && file_entries::key(&**f).is_some()))
     }
 
     /// `ino` is being passed through: refresh the use time of its file entry (the LRU of
     /// the disk cache sees no reads of it).
     pub fn in_use(&self, ino: Ino) {
         if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
-            files.touch(f);
+            files.touch(&**f);
         }
     }
 
@@ -204,7 +204,7 @@ impl Fs {
     /// every chunk of it is in the disk cache.
     pub fn closed(&self, ino: Ino) {
         if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
-            files.write_behind(f);
+            files.write_behind(f.clone());
         }
     }
 
@@ -306,7 +306,7 @@ impl Fs {
     /// What a passthrough open of `ino` hands the kernel: for a whole source file, that
     /// file, checked now to be unchanged (so the kernel gets only the inode that was
     /// validated); for a file kept whole in the disk cache, its entry, checked
-    /// ([`crate::view::disk_cache::DiskCache::file_entry`]). `Found::None` for every other file.
+    /// ([`crate::store::DiskCache::file_entry`]). `Found::None` for every other file.
     pub fn passthrough_backing(&self, ino: Ino) -> Result<Found, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let NodeKind::File(f) = &node.kind else { return Ok(Found::None) };
@@ -314,7 +314,7 @@ impl Fs {
             src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
             return Ok(Found::Backing(Backing::Source(src.clone())));
         }
-        Ok(match self.files.as_ref().map(|files| files.open(f)) {
+        Ok(match self.files.as_ref().map(|files| files.open(&**f)) {
             Some(FileLookup::Sound(file)) => Found::Backing(Backing::Entry(file)),
             Some(FileLookup::Corrupt) => Found::Corrupt,
             Some(FileLookup::Absent) | None => Found::None,

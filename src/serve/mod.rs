@@ -17,8 +17,8 @@ use std::sync::Arc;
 use fuser::{Config, MountOption, Session, SessionACL};
 use parking_lot::Mutex;
 
-use crate::view::compute::{Priority, Tiers};
-use crate::view::{warm, Built};
+use crate::store::{DiskMode, FileEntries, Priority};
+use crate::view::{warm, Built, Tiers};
 use fs::{Fs, Ownership};
 use options::ServeOptions;
 
@@ -128,7 +128,7 @@ pub fn mount(
     mountpoint: &str,
     built: Built,
     tiers: Arc<Tiers>,
-    tier_opts: &crate::view::compute::Options,
+    tier_opts: &crate::store::compute::Options,
     opts: &ServeOptions,
     ready: &mut daemon::Readiness,
 ) -> Result<(), MountError> {
@@ -142,11 +142,11 @@ pub fn mount(
     let owner = ownership_of(source_path).map_err(|e| MountError::Source { path: source_path.to_path_buf(), source: e })?;
     let stats: Arc<fs::Stats> = Arc::default();
     // File entries only help a mount that can pass them through to the kernel.
-    let files = if opts.passthrough { crate::view::file_entries::FileEntries::of(&tiers, tier_opts.disk_cache_files) } else { None };
+    let files = if opts.passthrough { FileEntries::of(&tiers, tier_opts.disk_cache_files) } else { None };
     // Passthrough where files are whole source files (INT8 tree mounts) or can be kept
     // whole in the disk cache.
     let passthrough_files = tree.vfiles().any(|f| f.whole_source().is_some());
-    let file_entries = files.is_some() && tree.vfiles().any(|f| crate::view::file_entries::key(f).is_some());
+    let file_entries = files.is_some() && tree.vfiles().any(|f| crate::store::file_entries::key(&**f).is_some());
     let passthrough = Arc::new(fuse::Passthrough::new(opts.passthrough && (passthrough_files || file_entries)));
     let stats_json = stats_content(stats.clone(), tiers.clone(), tree.vfiles().count(), files.clone(), passthrough.clone());
     if want_stats {
@@ -258,12 +258,12 @@ pub fn mount(
 /// Compute every persistent chunk of the view into the disk cache, on the background pool
 /// (niced, idle I/O class): reads run first, and a read that needs a chunk being warmed
 /// promotes it.
-fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>, entries: Option<Arc<crate::view::file_entries::FileEntries>>) {
+fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>, entries: Option<Arc<FileEntries>>) {
     let Some(disk) = tiers.disk.clone() else {
         tracing::warn!("prewarm=on needs a disk cache (disk_cache=DIR): not prewarming");
         return;
     };
-    if disk.mode() != crate::view::disk_cache::Mode::ReadWrite {
+    if disk.mode() != DiskMode::ReadWrite {
         tracing::warn!("prewarm=on: the disk cache {} is {}: not prewarming", disk.config().dir.display(), disk.mode().name());
         return;
     }
@@ -291,7 +291,7 @@ fn stats_content(
     stats: Arc<fs::Stats>,
     tiers: Arc<Tiers>,
     files: usize,
-    entries: Option<Arc<crate::view::file_entries::FileEntries>>,
+    entries: Option<Arc<FileEntries>>,
     passthrough: Arc<fuse::Passthrough>,
 ) -> crate::view::tree::DynamicContent {
     use std::sync::atomic::Ordering::Relaxed;

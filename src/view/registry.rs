@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::compute::{self, Tiers};
-use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tree, ViewError};
+use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tiers, Tree, ViewError};
 use crate::digest::DigestStore;
 use crate::source::{Source, SourceFile};
 use crate::util::args::{int_in, plain_file_name};
@@ -72,7 +71,7 @@ pub struct ViewOptions {
     #[arg(long, value_parser = plain_file_name, help_heading = "View")]
     pub name: Option<String>,
     #[command(flatten)]
-    pub tiers: compute::Options,
+    pub tiers: crate::store::compute::Options,
     #[command(flatten)]
     pub pack: expert_pack::Options,
     #[command(flatten)]

@@ -29,9 +29,9 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::cache::{self, ChunkCache, Origin};
-use super::disk_cache::{DiskCache, DiskCacheConfig, DiskKey};
-use super::ViewError;
+use super::disk::{DiskCache, DiskCacheConfig, DiskKey};
+use super::memory::{self as cache, ChunkCache, Origin};
+use super::{ChunkError, Panicked};
 use crate::util::args::{int_in, switch};
 
 /// What one job computes: its chunks, in order.
@@ -50,16 +50,6 @@ pub enum Priority {
     Read,
     /// Prefetch, prewarm: yields to reads.
     Background,
-}
-
-/// A job panicked; the pool reports it to every waiter as an error.
-#[derive(Debug)]
-pub struct Panicked(pub String);
-
-impl From<Panicked> for ViewError {
-    fn from(p: Panicked) -> Self {
-        ViewError::Internal(format!("chunk computation panicked: {}", p.0))
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -122,7 +112,7 @@ struct Shared<E> {
 }
 
 /// Two bounded pools with single-flight per key; see the module documentation.
-pub struct ComputePool<E = ViewError> {
+pub struct ComputePool<E> {
     read: rayon::ThreadPool,
     background: rayon::ThreadPool,
     shared: Arc<Shared<E>>,
@@ -136,7 +126,7 @@ impl<E> std::fmt::Debug for ComputePool<E> {
 
 /// Lower the calling thread's CPU priority by `nice` and optionally put it in the idle I/O
 /// class (both are per thread on Linux).
-pub(super) fn deprioritise_this_thread(nice: i32, idle_io: bool) {
+pub(crate) fn deprioritise_this_thread(nice: i32, idle_io: bool) {
     if nice > 0 {
         // SAFETY: nice() only changes the calling thread's niceness; errors are harmless.
         unsafe { libc::nice(nice) };
@@ -361,36 +351,36 @@ fn run<E: From<Panicked> + Send + Sync + 'static>(shared: &Shared<E>, f: &Arc<Fl
 }
 
 /// What one job computes: one chunk or several siblings, each with its memory and disk key.
-pub struct Group {
+pub struct Group<E> {
     /// The job's key in the pool: for one chunk, its disk key.
     pub key: DiskKey,
     /// (memory key, disk key) of each part, in the job's output order.
     pub parts: Vec<(cache::Key, DiskKey)>,
-    pub job: Job<ViewError>,
+    pub job: Job<E>,
     /// Kept on disk too (off for chunks that are source bytes served after a check: the
     /// source is their durable copy).
     pub persist: bool,
 }
 
-impl std::fmt::Debug for Group {
+impl<E> std::fmt::Debug for Group<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Group({:?}, {} parts)", self.key, self.parts.len())
     }
 }
 
-impl Group {
+impl<E: ChunkError> Group<E> {
     /// One chunk computed by `compute`.
-    pub fn single<V: Into<Arc<[u8]>>>(mem: cache::Key, disk: DiskKey, compute: impl Fn() -> Result<V, ViewError> + Send + Sync + 'static) -> Group {
+    pub fn single<V: Into<Arc<[u8]>>>(mem: cache::Key, disk: DiskKey, compute: impl Fn() -> Result<V, E> + Send + Sync + 'static) -> Self {
         Group { key: disk, parts: vec![(mem, disk)], job: Arc::new(move || Ok(Arc::from([compute()?.into()]))), persist: true }
     }
 
     /// Sibling chunks computed together by `compute` (its output in `parts` order).
-    pub fn siblings(key: DiskKey, parts: Vec<(cache::Key, DiskKey)>, compute: impl Fn() -> Result<Vec<Arc<[u8]>>, ViewError> + Send + Sync + 'static) -> Group {
+    pub fn siblings(key: DiskKey, parts: Vec<(cache::Key, DiskKey)>, compute: impl Fn() -> Result<Vec<Arc<[u8]>>, E> + Send + Sync + 'static) -> Self {
         Group { key, parts, job: Arc::new(move || Ok(Arc::from(compute()?))), persist: true }
     }
 
     /// Kept in memory only.
-    pub fn memory_only(mut self) -> Group {
+    pub fn memory_only(mut self) -> Self {
         self.persist = false;
         self
     }
@@ -403,7 +393,7 @@ pub enum Warmed {
     Computed,
 }
 
-/// Options of the chunk tiers (flattened into [`super::ViewOptions`]): the disk cache, its
+/// Options of the chunk tiers (flattened into the views' options): the disk cache, its
 /// bound, prewarming and the compute pool's size.
 #[derive(Debug, Clone, clap::Args)]
 #[group(id = "tiers")]
@@ -478,12 +468,13 @@ impl Options {
     }
 }
 
-/// Memory, disk, compute pool: the lookup chunk sources call (see the module documentation).
-pub struct Tiers {
-    pub mem: Arc<ChunkCache>,
+/// Memory, disk, compute pool: the lookup chunk producers call (see the module
+/// documentation). `E`: the error of the computations (the views' error).
+pub struct Tiers<E> {
+    pub mem: Arc<ChunkCache<E>>,
     pub disk: Option<Arc<DiskCache>>,
-    pub pool: Arc<ComputePool<ViewError>>,
-    prefetch: SyncSender<(Arc<Group>, usize, Priority)>,
+    pub pool: Arc<ComputePool<E>>,
+    prefetch: SyncSender<(Arc<Group<E>>, usize, Priority)>,
     /// Parts (group, index) queued or running as prefetches (a sequential reader asks for
     /// the next chunk on every read of the current one: asked once).
     prefetching: Mutex<HashSet<(DiskKey, usize)>>,
@@ -491,7 +482,7 @@ pub struct Tiers {
     pub prefetch_dropped: AtomicU64,
 }
 
-impl std::fmt::Debug for Tiers {
+impl<E> std::fmt::Debug for Tiers<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tiers").field("mem", &self.mem).field("disk", &self.disk).field("pool", &self.pool).finish()
     }
@@ -520,9 +511,9 @@ pub struct ComputeSnapshot {
     pub prefetch_dropped: u64,
 }
 
-impl Tiers {
-    pub fn new(mem: Arc<ChunkCache>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<ViewError>>) -> Arc<Tiers> {
-        let (tx, rx) = sync_channel::<(Arc<Group>, usize, Priority)>(PREFETCH_QUEUE);
+impl<E: ChunkError> Tiers<E> {
+    pub fn new(mem: Arc<ChunkCache<E>>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<E>>) -> Arc<Self> {
+        let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, Priority)>(PREFETCH_QUEUE);
         let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
@@ -544,19 +535,19 @@ impl Tiers {
     }
 
     /// The tiers `opts` describe over a memory cache of `mem_bytes`: one per process.
-    pub fn from_options(mem_bytes: usize, opts: &Options) -> Result<Arc<Tiers>, ViewError> {
+    pub fn from_options(mem_bytes: usize, opts: &Options) -> Result<Arc<Self>, E> {
         let mut cfg = PoolConfig::default();
         if let Some(n) = opts.compute_threads {
             cfg.threads = n;
         }
-        let pool = ComputePool::new(&cfg).map_err(|e| ViewError::Internal(format!("cannot start the compute pool: {e}")))?;
+        let pool = ComputePool::new(&cfg).map_err(|e| E::internal(format!("cannot start the compute pool: {e}")))?;
         Ok(Tiers::new(Arc::new(ChunkCache::new(mem_bytes)), opts.open_disk_cache().map(Arc::new), Arc::new(pool)))
     }
 
     /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at
     /// `prio` (this thread waits for this group only), then kept in memory and on disk.
-    pub fn get(&self, group: &Arc<Group>, idx: usize, prio: Priority) -> Result<Arc<[u8]>, ViewError> {
-        let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| ViewError::Internal(format!("{group:?} has no part {idx}")))?;
+    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, prio: Priority) -> Result<Arc<[u8]>, E> {
+        let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| E::internal(format!("{group:?} has no part {idx}")))?;
         if let Some(bytes) = self.mem.get(&mem_key) {
             return Ok(bytes);
         }
@@ -573,23 +564,23 @@ impl Tiers {
         self.mem.peek(mem_key)
     }
 
-    fn disk(&self, group: &Group) -> Option<&Arc<DiskCache>> {
+    fn disk(&self, group: &Group<E>) -> Option<&Arc<DiskCache>> {
         self.disk.as_ref().filter(|_| group.persist)
     }
 
-    fn load(&self, group: &Arc<Group>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<(Arc<[u8]>, Origin), ViewError> {
+    fn load(&self, group: &Arc<Group<E>>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<(Arc<[u8]>, Origin), E> {
         if let Some(bytes) = self.disk(group).and_then(|d| d.get(&disk_key)) {
             return Ok((bytes, Origin::Disk));
         }
-        let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group, true))).map_err(ViewError::Shared)?;
-        let bytes = parts.get(idx).cloned().ok_or_else(|| ViewError::Internal(format!("{group:?} computed {} parts", parts.len())))?;
+        let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group, true))).map_err(E::shared)?;
+        let bytes = parts.get(idx).cloned().ok_or_else(|| E::internal(format!("{group:?} computed {} parts", parts.len())))?;
         // The job's write-behind counts (and keeps) every part it computed.
         Ok((bytes, Origin::Counted))
     }
 
     /// Every part counted as computed and onto disk; into memory too when `to_memory` or a
     /// reader joined (warming alone does not push readers' chunks out of memory).
-    fn write_behind(&self, group: &Arc<Group>, to_memory: bool) -> After {
+    fn write_behind(&self, group: &Arc<Group<E>>, to_memory: bool) -> After {
         let (mem, disk, group) = (self.mem.clone(), self.disk(group).cloned(), group.clone());
         Box::new(move |parts: &Parts, read_joined| {
             if parts.len() != group.parts.len() {
@@ -618,7 +609,7 @@ impl Tiers {
     /// [`Priority::Background`] for work no reader waits for. A read-priority prefetch of a
     /// group whose job is already in flight (a prewarm's, say) leaves it alone: joining it
     /// would hedge it, and the reader promotes it if it comes to wait for it.
-    pub fn prefetch(&self, group: &Arc<Group>, idx: usize, prio: Priority) {
+    pub fn prefetch(&self, group: &Arc<Group<E>>, idx: usize, prio: Priority) {
         let Some((mem_key, _)) = group.parts.get(idx) else { return };
         if self.mem.peek(mem_key) || (prio == Priority::Read && self.pool.is_in_flight(&group.key)) {
             return;
@@ -635,15 +626,15 @@ impl Tiers {
 
     /// Make sure every part of `group` is on disk (`lens`: their lengths, for the cheap
     /// presence check that makes warming resumable), computing it at `prio` if not.
-    pub fn warm(&self, group: &Arc<Group>, lens: &[u64], prio: Priority) -> Result<Warmed, ViewError> {
+    pub fn warm(&self, group: &Arc<Group<E>>, lens: &[u64], prio: Priority) -> Result<Warmed, E> {
         if !group.persist {
             return Ok(Warmed::Present); // its bytes are the source's
         }
-        let disk = self.disk.as_ref().ok_or_else(|| ViewError::Option { option: "disk_cache", rule: "warming needs a disk cache".into() })?;
+        let disk = self.disk.as_ref().ok_or_else(|| E::option("disk_cache", "warming needs a disk cache".into()))?;
         if lens.len() == group.parts.len() && group.parts.iter().zip(lens).all(|((_, d), len)| disk.contains(d, *len)) {
             return Ok(Warmed::Present);
         }
-        self.pool.get_settled(group.key, prio, &group.job, Some(self.write_behind(group, false))).map_err(ViewError::Shared)?;
+        self.pool.get_settled(group.key, prio, &group.job, Some(self.write_behind(group, false))).map_err(E::shared)?;
         Ok(Warmed::Computed)
     }
 
@@ -670,7 +661,8 @@ impl Tiers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::disk_cache::{DiskCacheConfig, KeyBuilder};
+    use crate::store::disk::KeyBuilder;
+    use crate::store::error::TestError;
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
@@ -694,7 +686,7 @@ mod tests {
         KeyBuilder::new("compute-test").producer().chunk(i)
     }
 
-    fn pool(threads: usize) -> Arc<ComputePool> {
+    fn pool(threads: usize) -> Arc<ComputePool<TestError>> {
         Arc::new(ComputePool::new(&PoolConfig { threads, ..PoolConfig::default() }).unwrap())
     }
 
@@ -702,7 +694,7 @@ mod tests {
         Arc::from([Arc::<[u8]>::from(v)])
     }
 
-    fn job(f: impl Fn() -> Result<Parts, ViewError> + Send + Sync + 'static) -> Job<ViewError> {
+    fn job(f: impl Fn() -> Result<Parts, TestError> + Send + Sync + 'static) -> Job<TestError> {
         Arc::new(f)
     }
 
@@ -715,7 +707,7 @@ mod tests {
         rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what}: still waiting after 60 s"))
     }
 
-    fn settle(p: &ComputePool) {
+    fn settle(p: &ComputePool<TestError>) {
         let t = std::time::Instant::now();
         while p.in_flight() > 0 && t.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
@@ -750,8 +742,8 @@ mod tests {
     #[test]
     fn errors_and_panics_reach_every_waiter_and_are_not_kept() {
         let p = pool(2);
-        let e = p.get(key(1), Priority::Read, &job(|| Err(ViewError::Content { tensor: "t".into(), rule: "bad".into() })), None).unwrap_err();
-        assert!(matches!(&*e, ViewError::Content { tensor, .. } if tensor == "t"));
+        let e = p.get(key(1), Priority::Read, &job(|| Err(TestError::Failed("t: bad".into()))), None).unwrap_err();
+        assert!(matches!(&*e, TestError::Failed(why) if why == "t: bad"));
         settle(&p);
         let e = p.get(key(1), Priority::Background, &job(|| panic!("boom")), None).unwrap_err();
         assert!(e.to_string().contains("panicked: boom"), "{e}");
@@ -871,7 +863,7 @@ mod tests {
         // A job that needs another key, on a one-thread pool: run inline, not queued behind itself.
         let inner = p.clone();
         let outer = job(move || {
-            let v = inner.get(key(3), Priority::Read, &job(|| Ok(bytes(b"inner"))), None).map_err(ViewError::Shared)?;
+            let v = inner.get(key(3), Priority::Read, &job(|| Ok(bytes(b"inner"))), None).map_err(TestError::Shared)?;
             Ok(bytes(&[&v[0][..], b"+outer"].concat()))
         });
         let p2 = p.clone();
@@ -906,14 +898,14 @@ mod tests {
         }
 
         /// A fresh process: new memory cache and pool over the same disk directory.
-        fn tiers(&self) -> Arc<Tiers> {
+        fn tiers(&self) -> Arc<Tiers<TestError>> {
             let mut cfg = DiskCacheConfig::new(self.dir.path(), 1 << 30);
             cfg.touch_interval = Duration::ZERO;
             Tiers::new(Arc::new(ChunkCache::new(1 << 20)), Some(Arc::new(DiskCache::open(cfg))), pool(2))
         }
 
         /// Chunk `id` of producer 1: 1000 bytes that depend on `id`.
-        fn chunk(&self, id: u64) -> Arc<Group> {
+        fn chunk(&self, id: u64) -> Arc<Group<TestError>> {
             let calls = self.calls.clone();
             Arc::new(Group::single((7, id), key(id), move || {
                 calls.fetch_add(1, Relaxed);
@@ -1084,7 +1076,7 @@ mod tests {
         assert_eq!(t3.mem.stats.bytes_computed.load(Relaxed), 0);
 
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
-        assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), ViewError::Option { option: "disk_cache", .. }));
+        assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), TestError::Option { option: "disk_cache", .. }));
         assert_eq!(&*memory_only.get(&groups[0], 0, Priority::Read).unwrap(), &expect(0)[..]);
     }
 
@@ -1117,11 +1109,11 @@ mod tests {
         let f = fail.clone();
         let g = Arc::new(Group::single((1, 1), key(1), move || {
             if f.fetch_sub(1, Relaxed) == 1 {
-                return Err(ViewError::Content { tensor: "w".into(), rule: "non-finite".into() });
+                return Err(TestError::Failed("w: non-finite".into()));
             }
             Ok(vec![1u8; 4])
         }));
-        assert!(matches!(t.get(&g, 0, Priority::Read).unwrap_err().root(), ViewError::Content { .. }));
+        assert!(matches!(t.get(&g, 0, Priority::Read).unwrap_err().root(), TestError::Failed(_)));
         settle(&t.pool);
         assert_eq!(t.disk.as_ref().unwrap().snapshot().writes, 0);
         assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[1u8; 4][..]);

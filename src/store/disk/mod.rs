@@ -1,6 +1,6 @@
 //! The on-disk tier of the chunk cache: computed chunks kept in a local directory, so work
 //! survives restarts and is shared by every mount (and `warm`, `materialize`) that uses the
-//! same directory. Memory ([`super::cache::ChunkCache`]) stays the first tier; this module
+//! same directory. Memory ([`super::memory::ChunkCache`]) stays the first tier; this module
 //! knows nothing of views: it stores opaque bytes under opaque 32-byte keys
 //! ([`DiskKey`], built with [`KeyBuilder`] from everything the bytes depend on).
 //!
@@ -1112,7 +1112,7 @@ mod tests {
         let kids: Vec<_> = (0..3u64)
             .map(|seed| {
                 child(
-                    "view::disk_cache::tests::child_process",
+                    "store::disk::tests::child_process",
                     &[
                         ("XPACKFS_DC_DIR", dir.path().display().to_string()),
                         ("XPACKFS_DC_ROLE", "churn".into()),
@@ -1150,7 +1150,7 @@ mod tests {
         let mut next = 0u64;
         for round in 0..12 {
             let mut kid = child(
-                "view::disk_cache::tests::child_process",
+                "store::disk::tests::child_process",
                 &[
                     ("XPACKFS_DC_DIR", dir.path().display().to_string()),
                     ("XPACKFS_DC_ROLE", "writer".into()),
