@@ -128,7 +128,7 @@ pub fn mount(
     mountpoint: &str,
     built: Built,
     tiers: Arc<Tiers>,
-    tier_opts: &crate::store::compute::Options,
+    tier_opts: &crate::store::Options,
     opts: &ServeOptions,
     ready: &mut daemon::Readiness,
 ) -> Result<(), MountError> {

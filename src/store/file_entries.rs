@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use super::compute::Tiers;
+use super::Tiers;
 use super::disk::{source_file_key, DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
 use crate::source::SourceFile;
 

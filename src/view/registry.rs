@@ -71,7 +71,7 @@ pub struct ViewOptions {
     #[arg(long, value_parser = plain_file_name, help_heading = "View")]
     pub name: Option<String>,
     #[command(flatten)]
-    pub tiers: crate::store::compute::Options,
+    pub tiers: crate::store::Options,
     #[command(flatten)]
     pub pack: expert_pack::Options,
     #[command(flatten)]
