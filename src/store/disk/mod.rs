@@ -42,6 +42,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime};
@@ -129,6 +130,31 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> String {
     format!("{}: {e}", path.display())
 }
 
+/// Create `dir`, and any missing parent, with mode 0700 whatever the umask: the cache's
+/// directories are its trust boundary (entries are checked with a non-cryptographic hash,
+/// which finds damage, not forgery). Existing directories are left as they are.
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_private_dir(parent)?;
+    }
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        // The umask may have taken bits away (even the owner's): set them exactly.
+        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700)),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A file this cache just created, made mode 0600 whatever the umask (see
+/// [`create_private_dir`]); entries keep it when they are renamed into place.
+fn private_file(f: File) -> io::Result<File> {
+    f.set_permissions(fs::Permissions::from_mode(0o600))?;
+    Ok(f)
+}
+
 impl DiskCache {
     /// Open (creating if needed) the cache at `cfg.dir`. Never fails: an unusable directory
     /// gives a read-only or disabled cache, with a warning.
@@ -167,19 +193,20 @@ impl DiskCache {
     fn prepare(&mut self) -> Result<(), String> {
         let dir = self.cfg.dir.clone();
         for sub in ["entries", "tmp"] {
-            fs::create_dir_all(dir.join(sub)).map_err(|e| io_err(&dir.join(sub), e))?;
+            create_private_dir(&dir.join(sub)).map_err(|e| io_err(&dir.join(sub), e))?;
         }
         for i in 0..=255u8 {
             let shard = dir.join("entries").join(format!("{i:02x}"));
-            match fs::create_dir(&shard) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err(&shard, e)),
-            }
+            create_private_dir(&shard).map_err(|e| io_err(&shard, e))?;
         }
         let open = |name: &str| -> Result<File, String> {
             let p = dir.join(name);
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(|e| io_err(&p, e))
+            let created = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&p).and_then(private_file);
+            match created {
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => OpenOptions::new().read(true).write(true).open(&p),
+                other => other,
+            }
+            .map_err(|e| io_err(&p, e))
         };
         self.usage = Some(Mutex::new(open("usage")?));
         self.evict_lock = Some(Mutex::new(open("evict.lock")?));
@@ -273,7 +300,7 @@ impl DiskCache {
         let seq = self.seq.fetch_add(1, Relaxed);
         let tmp = self.cfg.dir.join("tmp").join(format!("{stem}.{}.{seq}", std::process::id()));
         let result = (|| {
-            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).and_then(private_file)?;
             f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
             write(&f)?;
             fs::rename(&tmp, path)?;
@@ -570,6 +597,17 @@ mod tests {
         let arg = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
         match std::env::var("XPACKFS_DC_ROLE").unwrap().as_str() {
             "churn" => churn(&dir, arg("XPACKFS_DC_BUDGET"), arg("XPACKFS_DC_ENTRY") as usize, arg("XPACKFS_DC_SEED"), 200),
+            "modes" => {
+                // SAFETY: umask has no preconditions; this child process is alone in using it.
+                unsafe { libc::umask(arg("XPACKFS_DC_UMASK") as libc::mode_t) };
+                let c = DiskCache::open(cfg(&dir, 1 << 30));
+                assert_eq!(c.mode(), Mode::ReadWrite);
+                assert!(c.put(&key(1), &payload(1, 1000)));
+                assert!(c.put_file(&key(2), 3 << 20, &mut |_, buf| {
+                    buf.fill(7);
+                    Ok(())
+                }));
+            }
             "writer" => {
                 // Writes entries until killed, as fast as it can; but never more than 1 GiB,
                 // nor past 60 s or its parent (a failed parent test must not leave it
@@ -591,6 +629,49 @@ mod tests {
             }
             other => panic!("unknown role {other}"),
         }
+    }
+
+    /// Directories 0700 and files 0600 whatever the umask of the process that made them
+    /// (the cache's directory is its trust boundary), from the cache's root down; a
+    /// directory that was there already is left alone.
+    #[test]
+    fn directories_and_entries_are_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        for umask in [0o000u32, 0o022, 0o277] {
+            let parent = tempfile::tempdir().unwrap();
+            let dir = parent.path().join("made").join("cache");
+            let status = child(
+                "store::disk::tests::child_process",
+                &[("XPACKFS_DC_DIR", dir.display().to_string()), ("XPACKFS_DC_ROLE", "modes".into()), ("XPACKFS_DC_UMASK", umask.to_string())],
+            )
+            .status()
+            .unwrap();
+            assert!(status.success(), "umask {umask:03o}: the child failed");
+            let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+            let mut seen = (0, 0);
+            let mut stack = vec![parent.path().join("made")];
+            while let Some(d) = stack.pop() {
+                assert_eq!(mode(&d), 0o700, "umask {umask:03o}: {}", d.display());
+                seen.0 += 1;
+                for e in fs::read_dir(&d).unwrap().flatten() {
+                    if e.file_type().unwrap().is_dir() {
+                        stack.push(e.path());
+                    } else {
+                        assert_eq!(mode(&e.path()), 0o600, "umask {umask:03o}: {}", e.path().display());
+                        seen.1 += 1;
+                    }
+                }
+            }
+            // made, cache, entries + 256 shards, tmp, files + 1 shard; usage, evict.lock, one
+            // chunk entry, one file entry's data and seal.
+            assert_eq!(seen, (262, 5), "umask {umask:03o}");
+        }
+        // An existing directory keeps its mode.
+        let existing = tempfile::tempdir().unwrap();
+        fs::set_permissions(existing.path(), fs::Permissions::from_mode(0o750)).unwrap();
+        drop(DiskCache::open(cfg(existing.path(), 1 << 20)));
+        assert_eq!(fs::metadata(existing.path()).unwrap().permissions().mode() & 0o7777, 0o750);
+        assert_eq!(fs::metadata(existing.path().join("entries")).unwrap().permissions().mode() & 0o7777, 0o700);
     }
 
     #[test]
