@@ -33,6 +33,19 @@ pub struct CacheStats {
     pub evictions: AtomicU64,
 }
 
+/// The memory tier's counters at one moment, for `.xpackfs/stats.json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CacheSnapshot {
+    pub budget_bytes: usize,
+    pub bytes: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub waits: u64,
+    pub evictions: u64,
+    pub bytes_computed: u64,
+    pub bytes_from_disk: u64,
+}
+
 /// Where a chunk entering the cache comes from, for the counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -90,6 +103,20 @@ impl<E> ChunkCache<E> {
 
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    pub fn snapshot(&self) -> CacheSnapshot {
+        let s = &self.stats;
+        CacheSnapshot {
+            budget_bytes: self.budget(),
+            bytes: self.bytes(),
+            hits: s.hits.load(Ordering::Relaxed),
+            misses: s.misses.load(Ordering::Relaxed),
+            waits: s.waits.load(Ordering::Relaxed),
+            evictions: s.evictions.load(Ordering::Relaxed),
+            bytes_computed: s.bytes_computed.load(Ordering::Relaxed),
+            bytes_from_disk: s.bytes_from_disk.load(Ordering::Relaxed),
+        }
     }
 
     fn lookup(&self, key: &Key) -> Option<Arc<[u8]>> {

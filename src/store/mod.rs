@@ -9,8 +9,8 @@
 //!
 //! It stores opaque bytes under opaque keys and knows nothing of views: the view types it
 //! needs are small traits defined here ([`ChunkError`] for the views' error,
-//! [`file_entries::StoredFile`] for a view file) that `view` implements. The re-exports below
-//! are what the layers above use.
+//! [`StoredFile`] for a view file) that `view` implements. The re-exports below are the
+//! interface the layers above use (`serve` uses nothing else).
 
 pub mod compute;
 pub mod disk;
@@ -23,7 +23,7 @@ pub mod tiers;
 pub use compute::Priority;
 pub use disk::{DiskCache, DiskKey, FileLookup, KeyBuilder, Mode as DiskMode, ProducerKey};
 pub use error::{ChunkError, Panicked};
-pub use file_entries::FileEntries;
-pub use memory::ChunkCache;
+pub use file_entries::{key as file_entry_key, FileEntries, StoredFile};
+pub use memory::{CacheSnapshot, ChunkCache};
 pub use options::Options;
 pub use tiers::{Group, Tiers, Warmed};
