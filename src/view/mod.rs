@@ -39,7 +39,8 @@ pub type Group = crate::store::Group<ViewError>;
 
 /// The highest layer index a view accepts in a tensor name (real models have under 200).
 pub const MAX_LAYER_INDEX: u64 = 4095;
-/// The most routed experts per layer a view accepts (real models have up to 384).
+/// The most routed experts per layer a view accepts in tensor names (real models have up to
+/// 384; the Kimi pack's planner has its own cap, `kimi_pack::plan::MAX_KIMI_EXPERTS`).
 pub const MAX_EXPERTS: u64 = 65536;
 
 /// An expert or layer index as written in a tensor name: decimal, no leading zeros, at most
@@ -55,14 +56,8 @@ pub(crate) fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u6
 /// (zeroed first): no `Arc::from(Vec)` copy, and one fresh allocation instead of two.
 pub(crate) fn new_chunk<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Arc<[u8]>, E> {
     let mut chunk: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
-    match Arc::get_mut(&mut chunk) {
-        Some(buf) => fill(buf).map(|()| chunk),
-        // Not reached (a new Arc has no other holder); kept as the copying way.
-        None => {
-            let mut buf = vec![0u8; len];
-            fill(&mut buf).map(|()| Arc::from(buf))
-        }
-    }
+    fill(Arc::get_mut(&mut chunk).expect("a new Arc has no other holder"))?;
+    Ok(chunk)
 }
 
 #[derive(Debug, thiserror::Error)]

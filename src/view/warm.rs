@@ -10,6 +10,11 @@
 //! presence check (size, no read) and skipped, so an interrupted warm-up continues where it
 //! stopped. Chunks computed by one job (kt-int8's sibling files) are one item, asked for
 //! once: no thread of the pool ever waits for a job it is itself running.
+//!
+//! It lives in `view/`, not in the storage layer, because what it plans over is views' own:
+//! the extents of virtual files and their chunk producers (each producer knows its warm
+//! group and warms its chunks through the tiers). The storage parts it drives (the pool,
+//! [`Tiers::warm`](crate::store::Tiers::warm), file entries) are `store`'s.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

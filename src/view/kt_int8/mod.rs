@@ -14,7 +14,7 @@
 //! prefetches the next two matrices. The manifest's digests are computed on first read and
 //! remembered.
 
-pub mod tree;
+pub mod existing_tree;
 pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
