@@ -36,9 +36,9 @@ type Done<E> = Box<dyn FnOnce(&Outcome<E>) + Send>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Priority {
-    /// A reader waits for it.
+    /// A reader waits for it, or will soon (its read-ahead); also `warm` at full speed.
     Read,
-    /// Prefetch, prewarm: yields to reads.
+    /// Work no reader waits for (prewarm, `warm --nice`): yields to reads.
     Background,
 }
 
