@@ -1,5 +1,5 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls, and `FsError`s into errno
-//! in one place ([`guarded`], which also turns a panic into EIO). The filesystem logic is
+//! in one place (`guarded`, which also turns a panic into EIO). The filesystem logic is
 //! [`Fs`]'s. What the adapter decides is what only the FUSE edge knows: the capabilities it
 //! negotiates; per open, the flags the kernel gets, how the handle reads the source (the
 //! client's `O_DIRECT`, the `source_io` option) and whether the kernel serves it from a

@@ -25,13 +25,13 @@
 //!   disabled; one that cannot be written makes it read-only; a full filesystem pauses
 //!   writes for a while. Each is a warning; callers see misses and skipped writes.
 //!
-//! Besides chunk entries it keeps whole files of a view ("file entries", [`files`]): the
+//! Besides chunk entries it keeps whole files of a view ("file entries", `files`): the
 //! file's bytes as they are, so the kernel can serve them (FUSE passthrough), with a seal
 //! beside them; same budget, same LRU.
 //!
-//! One idea per file: [`keys`] (what entries are stored under), [`entry`] (the chunk entry's
-//! format, its reads and writes), [`files`] (file entries and their seals), [`budget`] (the
-//! shared counter and eviction), [`stats`] (counters); this file holds the cache itself:
+//! One idea per file: `keys` (what entries are stored under), `entry` (the chunk entry's
+//! format, its reads and writes), `files` (file entries and their seals), `budget` (the
+//! shared counter and eviction), `stats` (counters); this file holds the cache itself:
 //! opening the directory, its modes, and what every writer shares (temporary files renamed
 //! into place, warnings, pausing when the filesystem is full).
 //!

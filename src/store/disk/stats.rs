@@ -21,7 +21,7 @@ pub struct DiskStats {
     pub corrupt: AtomicU64,
     /// Temporary files of writers that died, removed.
     pub stale_temps: AtomicU64,
-    /// File entries ([`files`]) found sound and handed out, found absent, found changed and
+    /// File entries (`files`) found sound and handed out, found absent, found changed and
     /// checked good block by block, and written.
     pub file_hits: AtomicU64,
     pub file_misses: AtomicU64,
