@@ -23,9 +23,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use xpackfs::codec::{self, QuantType};
-use xpackfs::view::cache::ChunkCache;
-use xpackfs::view::compute::{ComputePool, Group, PoolConfig, Priority, Tiers};
-use xpackfs::view::disk_cache::{DiskCache, DiskCacheConfig, DiskKey, KeyBuilder, HEADER_BYTES};
+use xpackfs::store::compute::{ComputePool, PoolConfig};
+use xpackfs::store::disk::{DiskCacheConfig, HEADER_BYTES};
+use xpackfs::store::{ChunkCache, DiskCache, DiskKey, KeyBuilder, Priority};
+use xpackfs::view::{Group, Tiers};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());

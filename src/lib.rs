@@ -2,7 +2,8 @@
 //! experts checkpoint (expert packs, ...) as virtual files computed on read.
 //!
 //! Data flows one way: [`source`] parses checkpoints from headers; [`codec`] turns bytes
-//! into bytes; [`view`] describes virtual files as extents over sources and codecs;
+//! into bytes; [`store`] keeps and makes computed chunks (memory and disk tiers, the compute
+//! pool); [`view`] describes virtual files as extents over sources and codecs;
 //! [`serve`] (FUSE) and materialisation read views through the same
 //! [`view::VirtualFile::read_at`].
 
@@ -16,6 +17,7 @@ pub mod materialize;
 pub mod pyjson;
 pub mod serve;
 pub mod source;
+pub mod store;
 pub mod util;
 pub mod view;
 

@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     }
     std::fs::write(root.join("kt-weight-manifest.json"), data).unwrap();
     let _ = xpackfs::view::kt_int8::validate::validate(&root, &Default::default(), Some(true));
-    if let Ok(tree) = xpackfs::view::kt_int8::tree::build(&root, true) {
+    if let Ok(tree) = xpackfs::view::kt_int8::existing_tree::build(&root, true) {
         common::read_ends(&tree);
     }
 });

@@ -94,7 +94,7 @@ pub fn run(a: MaterializeArgs) -> i32 {
     }
     let out = std::fs::canonicalize(&a.out).unwrap_or_else(|_| a.out.clone());
     let started = std::time::Instant::now();
-    let result = (|| -> Result<(Vec<materialize::FileResult>, std::sync::Arc<crate::view::compute::Tiers>), String> {
+    let result = (|| -> Result<(Vec<materialize::FileResult>, std::sync::Arc<crate::view::Tiers>), String> {
         // The command recorded in manifests is the same for a single run and for every part
         // of a partitioned one: the argv without `--partition`, as the parts recorded it.
         let command = if a.finalize { partition::recorded_command(&out).map_err(|e| e.to_string())? } else { recorded_command() };

@@ -7,8 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::AllOptions;
-use crate::view::compute::Priority;
-use crate::view::disk_cache::Mode;
+use crate::store::{DiskMode as Mode, FileEntries, Priority};
 use crate::view::{self, warm, Context, Input, Purpose, VirtualFile};
 
 #[derive(Debug, clap::Args)]
@@ -114,7 +113,7 @@ pub fn run(a: WarmArgs) -> i32 {
         let files = select(built.tree.files(), &a.paths)?;
         let items = warm::plan(&files);
         let total: u64 = items.iter().map(|i| i.bytes).sum();
-        let entries = view::file_entries::FileEntries::of(&ctx.tiers, opts.tiers.disk_cache_files);
+        let entries = FileEntries::of(&ctx.tiers, opts.tiers.disk_cache_files);
         let need = warm::disk_bytes(&items) + if entries.is_some() { warm::file_bytes(&files) } else { 0 };
         if need > disk.budget() {
             tracing::warn!(

@@ -1,14 +1,16 @@
-//! The filesystem logic, free of FUSE: attributes, lookup, directory listing and reads
-//! over a view [`Tree`]. Plain methods returning `Result`, tested without a mount; the
-//! fuser adapter in `fuse.rs` only translates.
+//! The filesystem logic, free of FUSE: attributes, lookup, directory listing, opens (status
+//! files rendered once per open) and reads over a view [`Tree`], with the read counters;
+//! and what a passthrough open hands the kernel ([`Fs::passthrough_backing`]: a whole source
+//! file, or a file entry of the disk cache, through the storage layer's [`FileEntries`]).
+//! Plain methods returning `Result`, tested without a mount; the fuser adapter in `fuse.rs`
+//! translates requests and errors and decides where reads run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::source::SourceIo;
-use crate::view::disk_cache::FileLookup;
-use crate::view::file_entries::{self, FileEntries};
+use crate::store::{file_entry_key, FileEntries, FileLookup};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,8 +144,8 @@ pub enum Backing {
 #[derive(Debug)]
 pub enum Found {
     Backing(Backing),
-    /// No backing file (none kept, or not looked for).
-    None,
+    /// No backing file (none kept, or not looked for): the open goes through the daemon.
+    NoBacking,
     /// Its file entry was found damaged (and deleted).
     Corrupt,
 }
@@ -189,14 +191,14 @@ impl Fs {
     /// Whether a passthrough open of `ino` may be possible: a whole source file, or a file
     /// that can have a file entry.
     pub fn may_pass_through(&self, ino: Ino) -> bool {
-        self.vfile(ino).is_some_and(|f| f.whole_source().is_some() || (self.files.is_some() && file_entries::key(f).is_some()))
+        self.vfile(ino).is_some_and(|f| f.whole_source().is_some() || (self.files.is_some() && file_entry_key(&**f).is_some()))
     }
 
     /// `ino` is being passed through: refresh the use time of its file entry (the LRU of
     /// the disk cache sees no reads of it).
     pub fn in_use(&self, ino: Ino) {
         if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
-            files.touch(f);
+            files.touch(&**f);
         }
     }
 
@@ -204,7 +206,7 @@ impl Fs {
     /// every chunk of it is in the disk cache.
     pub fn closed(&self, ino: Ino) {
         if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
-            files.write_behind(f);
+            files.write_behind(f.clone());
         }
     }
 
@@ -306,34 +308,31 @@ impl Fs {
     /// What a passthrough open of `ino` hands the kernel: for a whole source file, that
     /// file, checked now to be unchanged (so the kernel gets only the inode that was
     /// validated); for a file kept whole in the disk cache, its entry, checked
-    /// ([`crate::view::disk_cache::DiskCache::file_entry`]). `Found::None` for every other file.
+    /// ([`crate::store::DiskCache::file_entry`]). [`Found::NoBacking`] for every other file.
     pub fn passthrough_backing(&self, ino: Ino) -> Result<Found, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
-        let NodeKind::File(f) = &node.kind else { return Ok(Found::None) };
+        let NodeKind::File(f) = &node.kind else { return Ok(Found::NoBacking) };
         if let Some(src) = f.whole_source() {
             src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
             return Ok(Found::Backing(Backing::Source(src.clone())));
         }
-        Ok(match self.files.as_ref().map(|files| files.open(f)) {
+        Ok(match self.files.as_ref().map(|files| files.open(&**f)) {
             Some(FileLookup::Sound(file)) => Found::Backing(Backing::Entry(file)),
             Some(FileLookup::Corrupt) => Found::Corrupt,
-            Some(FileLookup::Absent) | None => Found::None,
+            Some(FileLookup::Absent) | None => Found::NoBacking,
         })
     }
 
-    /// Read into `buf` through handle `fh`; returns the byte count (short only at end of file).
+    /// Read into `buf` through handle `fh`, source bytes read buffered; returns the byte count
+    /// (short only at end of file).
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
-        self.read_io(ino, fh, offset, buf, SourceIo::Buffered)
+        self.read_pieces(ino, fh, offset, buf, SourceIo::Buffered, 0)
     }
 
-    /// [`Fs::read`] with source bytes read as `io` says (the handle's source I/O mode).
-    pub fn read_io(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], io: SourceIo) -> Result<usize, FsError> {
-        self.read_pieces(ino, fh, offset, buf, io, 0)
-    }
-
-    /// [`Fs::read_io`], a request larger than `piece` bytes (if not 0) read as pieces at once on
-    /// the current rayon pool (cut at piece-aligned offsets): one request then keeps several
-    /// device reads in flight. Same bytes, count and errors as one read.
+    /// [`Fs::read`] with source bytes read as `io` says (the handle's source I/O mode), and a
+    /// request larger than `piece` bytes (if not 0) read as pieces at once on the current
+    /// rayon pool (cut at piece-aligned offsets): one request then keeps several device reads
+    /// in flight. Same bytes, count and errors as one read.
     pub fn read_pieces(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let f = match &node.kind {

@@ -1,25 +1,27 @@
-//! The fuser adapter: translates FUSE requests into [`Fs`] calls and `FsError`s into
-//! errno. No filesystem logic lives here; besides translating, it decides per handle how
-//! the source is read (the client's `O_DIRECT`, the `source_io` option) and where reads run:
-//! direct reads on a pool of their own ([`read_pool`]), and a read that would wait for a
-//! chunk (not in memory: loaded from the disk cache or computed) on another such pool, so the
-//! FUSE workers stay free for metadata, status files and ready bytes while every core
-//! computes.
+//! The fuser adapter: translates FUSE requests into [`Fs`] calls, and `FsError`s into errno
+//! in one place (`guarded`, which also turns a panic into EIO). The filesystem logic is
+//! [`Fs`]'s. What the adapter decides is what only the FUSE edge knows: the capabilities it
+//! negotiates; per open, the flags the kernel gets, how the handle reads the source (the
+//! client's `O_DIRECT`, the `source_io` option) and whether the kernel serves it from a
+//! backing file (the state of that is [`Passthrough`]'s); per read, where it runs: on the
+//! FUSE worker, or handed to a [`ReadPool`] (reads of direct handles, and reads that would
+//! wait for a chunk), so the workers stay free for metadata, status files and ready bytes
+//! while every core computes.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    Request,
 };
-use parking_lot::Mutex;
 
-use super::fs::{Attr, Backing, Found, Fs, FsError, Kind};
+use super::fs::{Attr, Found, Fs, FsError, Kind};
+use super::passthrough::{Decision, Passthrough};
+use super::pools::ReadPool;
 use crate::source::SourceIo;
 
 /// File-handle bit of handles that read the source with direct I/O (the filesystem's own
@@ -28,53 +30,6 @@ const DIRECT_FH: u64 = 1 << 63;
 
 fn handle_io(fh: FileHandle) -> SourceIo {
     if fh.0 & DIRECT_FH != 0 { SourceIo::Direct } else { SourceIo::Buffered }
-}
-
-/// Threads that serve reads handed over by the FUSE workers: one pool for reads of direct
-/// handles, another for reads that wait for a chunk (threads named `xpackfs-dio-N` and
-/// `xpackfs-wait-N`). A direct read holds its thread on the device for the whole request,
-/// so the FUSE worker hands it over and goes back for the next request: the requests of one client `preadv` (async direct I/O sends them at once)
-/// and of its concurrent readers reach the device together, as a local reader's do, while
-/// page-cache reads stay on the few FUSE workers.
-///
-/// Plain threads taking jobs from one queue, not a work-stealing pool: a read may wait for
-/// a chunk another read is computing, and a thread of a work-stealing pool that waits inside
-/// its own computation's parallel loop can pick up, and block on, the very read that waits
-/// for it.
-pub struct ReadPool {
-    queue: Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
-}
-
-impl ReadPool {
-    fn spawn(&self, job: impl FnOnce() + Send + 'static) {
-        if let Err(std::sync::mpsc::SendError(job)) = self.queue.lock().send(Box::new(job)) {
-            job(); // the threads are gone (shutting down): serve it here
-        }
-    }
-}
-
-/// A pool of `threads` threads named `xpackfs-{name}-N`; `threads == 0`: no pool (the reads
-/// stay on the FUSE worker).
-pub fn read_pool(name: &str, threads: usize) -> Result<Option<Arc<ReadPool>>, String> {
-    if threads == 0 {
-        return Ok(None);
-    }
-    let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
-    let rx = Arc::new(Mutex::new(rx));
-    for i in 0..threads {
-        let rx = rx.clone();
-        std::thread::Builder::new()
-            .name(format!("xpackfs-{name}-{i}"))
-            .spawn(move || loop {
-                let job = rx.lock().recv();
-                match job {
-                    Ok(job) => job(),
-                    Err(_) => return,
-                }
-            })
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(Some(Arc::new(ReadPool { queue: Mutex::new(tx) })))
 }
 
 /// Contents never change while mounted, so attributes and entries can be cached long.
@@ -91,7 +46,8 @@ pub struct FuseAdapter {
     /// How handles read the source: `None` (auto) as the client opened the file (`O_DIRECT`
     /// or not), else always this (the `source_io` option).
     pub source_io: Option<SourceIo>,
-    /// Where reads of direct handles run (see [`read_pool`]); `None`: on the FUSE worker.
+    /// Where reads of direct handles run (see [`super::pools::read_pool`]); `None`: on the
+    /// FUSE worker.
     pub direct_pool: Option<Arc<ReadPool>>,
     /// Direct reads larger than this are read as parallel pieces on the pool (0: whole).
     pub direct_piece: usize,
@@ -103,130 +59,6 @@ pub struct FuseAdapter {
     /// Where reads that wait for a chunk run (a [`ReadPool`] of their own); `None`: on the
     /// FUSE worker (views that compute nothing).
     pub waiting: Option<Arc<ReadPool>>,
-}
-
-/// FUSE passthrough (kernel 6.9+, CAP_SYS_ADMIN): files that are whole source files, and
-/// files kept whole in the disk cache (file entries), are opened with that file as backing
-/// file, and the kernel serves their reads and mmaps itself. One backing id per inode,
-/// shared by its open handles, closed with the last one.
-///
-/// The kernel refuses (EIO to the client) a passthrough open of an inode that has a
-/// page-cached handle open, and the reverse; so every open of a file that may pass through
-/// is decided here, under one lock, from what is open: an inode with a backing id in use
-/// passes through, one with other handles open does not, and only one with neither gets a
-/// new backing id. (The kernel forgets a handle before it sends its release, so this
-/// bookkeeping is never behind the kernel's.)
-#[derive(Default)]
-pub struct Passthrough {
-    /// Asked for (`passthrough=auto`), then cleared if the kernel or our privileges say no.
-    enabled: AtomicBool,
-    inodes: Mutex<HashMap<u64, InodeOpens>>,
-    by_handle: Mutex<HashMap<u64, Arc<BackingId>>>,
-    next_fh: AtomicU64,
-    pub opens: AtomicU64,
-}
-
-/// How [`Passthrough::open`] serves an open.
-enum Decision {
-    Pass(u64, Arc<BackingId>),
-    /// Through the daemon; with the error of a backing registration that failed.
-    Cached(Option<std::io::Error>),
-    Refuse,
-}
-
-/// Open handles of one inode that may pass through.
-#[derive(Default)]
-struct InodeOpens {
-    backing: Weak<BackingId>,
-    /// Handles served through the daemon (page-cached).
-    cached: u32,
-}
-
-impl Passthrough {
-    pub fn new(wanted: bool) -> Self {
-        // Handles of their own number range (the filesystem numbers status-file handles from 1).
-        Passthrough { enabled: AtomicBool::new(wanted), next_fh: AtomicU64::new(1 << 62), ..Default::default() }
-    }
-
-    pub fn is_enabled(&self) -> bool {
-        self.enabled.load(Ordering::Relaxed)
-    }
-
-    /// Whether `ino` has handles open through the daemon (a new backing is then of no use).
-    fn has_cached(&self, ino: u64) -> bool {
-        self.inodes.lock().get(&ino).is_some_and(|o| o.cached > 0)
-    }
-
-    /// Decide how an open of `ino` is served, from what `found` says of its backing file:
-    /// the inode's backing id in use passes through (still while passthrough is disabled:
-    /// the kernel would refuse anything else), unless its file entry was just found damaged
-    /// (refused: the kernel would serve the damaged file, the daemon may not serve it);
-    /// with none, `found`'s file is registered if the inode has no handle through the
-    /// daemon; else the open is served through the daemon and counted until its release.
-    fn open(&self, ino: u64, found: &Found, enabled: bool, reply: &ReplyOpen) -> Decision {
-        let mut inodes = self.inodes.lock();
-        let state = inodes.entry(ino).or_default();
-        let id = match (state.backing.upgrade(), found) {
-            (Some(_), Found::Corrupt) => return Decision::Refuse,
-            (Some(id), _) => id,
-            (None, Found::Backing(b)) if enabled && state.cached == 0 => match reply.open_backing(b.file()) {
-                Ok(id) => {
-                    let id = Arc::new(id);
-                    state.backing = Arc::downgrade(&id);
-                    id
-                }
-                Err(e) => {
-                    state.cached += 1;
-                    return Decision::Cached(Some(e));
-                }
-            },
-            _ => {
-                state.cached += 1;
-                return Decision::Cached(None);
-            }
-        };
-        drop(inodes);
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        if self.opens.fetch_add(1, Ordering::Relaxed) == 0 {
-            let what = match found {
-                Found::Backing(Backing::Source(s)) => s.path().display().to_string(),
-                _ => "a file entry of the disk cache".into(),
-            };
-            tracing::info!("passthrough: first open served from its backing file ({what})");
-        }
-        self.by_handle.lock().insert(fh, id.clone());
-        Decision::Pass(fh, id)
-    }
-
-    /// Inodes whose backing id is in use.
-    pub fn live_inodes(&self) -> Vec<u64> {
-        self.inodes.lock().iter().filter(|(_, o)| o.backing.strong_count() > 0).map(|(i, _)| *i).collect()
-    }
-
-    /// Handle `fh` of `ino` is released; returns whether it was the inode's last handle
-    /// served through the daemon.
-    fn release(&self, ino: u64, fh: u64) -> bool {
-        if self.by_handle.lock().remove(&fh).is_some() {
-            return false;
-        }
-        let mut inodes = self.inodes.lock();
-        let Some(state) = inodes.get_mut(&ino) else { return false };
-        if state.cached == 0 {
-            return false;
-        }
-        state.cached -= 1;
-        let last = state.cached == 0;
-        if last && state.backing.strong_count() == 0 {
-            inodes.remove(&ino);
-        }
-        last
-    }
-
-    fn disable(&self, why: &str) {
-        if self.enabled.swap(false, Ordering::Relaxed) {
-            tracing::warn!("FUSE passthrough unavailable ({why}): reads go through the daemon");
-        }
-    }
 }
 
 fn to_fuse(a: Attr) -> FileAttr {
@@ -358,7 +190,7 @@ impl Filesystem for FuseAdapter {
                     Err(e) => return reply.error(e),
                 }
             } else {
-                Found::None
+                Found::NoBacking
             };
             match self.passthrough.open(ino.0, &found, enabled, &reply) {
                 Decision::Pass(fh, id) => return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),

@@ -1,13 +1,18 @@
 //! Serving a built view over FUSE: the FUSE-free filesystem logic (`fs`), the thin fuser
-//! adapter (`fuse`), serving options (`options`) and process plumbing (`daemon`). This layer
-//! knows views only as a [`Built`] tree and the chunk [`Tiers`] it computes through (their
-//! counters go to `/.xpackfs/stats.json`; `prewarm=on` starts a background warm-up of the
-//! disk cache once the mount is live); which view and how it was built is `view`'s business.
+//! adapter (`fuse`), the passthrough state machine (`passthrough`), the read pools
+//! (`pools`), serving options (`options`) and process plumbing (`daemon`). This layer knows
+//! views only as a [`Built`] tree, the chunk [`Tiers`] it computes through and the `warm`
+//! driver (`prewarm=on` starts a background warm-up of the disk cache once the mount is
+//! live); which view and how it was built is `view`'s business. The storage layer it reaches
+//! only through `store`'s re-exports (file entries for passthrough, the tiers' counters for
+//! `/.xpackfs/stats.json`).
 
 pub mod daemon;
 pub mod fs;
 pub mod fuse;
 pub mod options;
+pub mod passthrough;
+pub mod pools;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -17,8 +22,8 @@ use std::sync::Arc;
 use fuser::{Config, MountOption, Session, SessionACL};
 use parking_lot::Mutex;
 
-use crate::view::compute::{Priority, Tiers};
-use crate::view::{warm, Built};
+use crate::store::{file_entry_key, DiskMode, FileEntries, Priority};
+use crate::view::{warm, Built, Tiers};
 use fs::{Fs, Ownership};
 use options::ServeOptions;
 
@@ -36,7 +41,8 @@ pub enum MountError {
     Mount { path: PathBuf, source: std::io::Error },
     #[error("FUSE session: {0}")]
     Session(std::io::Error),
-    #[error("direct I/O threads: {0}")]
+    /// A read pool's threads could not be started.
+    #[error("read pool threads: {0}")]
     Threads(String),
 }
 
@@ -91,10 +97,6 @@ fn fd_mountpoint(mountpoint: &str) -> Option<i32> {
     mountpoint.strip_prefix("/dev/fd/")?.parse().ok()
 }
 
-/// Threads that serve reads waiting for chunks: one per read the kernel may keep in flight
-/// (up to 16 readahead requests by default, plus the clients' own reads).
-const WAITING_THREADS: usize = 32;
-
 /// `major:minor` of the filesystem mounted at `mountpoint`, from /proc/self/mountinfo
 /// (a `stat` of the mountpoint would send a FUSE request before the session runs).
 fn mount_device(mountpoint: &Path) -> Option<String> {
@@ -128,7 +130,7 @@ pub fn mount(
     mountpoint: &str,
     built: Built,
     tiers: Arc<Tiers>,
-    tier_opts: &crate::view::compute::Options,
+    tier_opts: &crate::store::Options,
     opts: &ServeOptions,
     ready: &mut daemon::Readiness,
 ) -> Result<(), MountError> {
@@ -142,12 +144,12 @@ pub fn mount(
     let owner = ownership_of(source_path).map_err(|e| MountError::Source { path: source_path.to_path_buf(), source: e })?;
     let stats: Arc<fs::Stats> = Arc::default();
     // File entries only help a mount that can pass them through to the kernel.
-    let files = if opts.passthrough { crate::view::file_entries::FileEntries::of(&tiers, tier_opts.disk_cache_files) } else { None };
+    let files = if opts.passthrough { FileEntries::of(&tiers, tier_opts.disk_cache_files) } else { None };
     // Passthrough where files are whole source files (INT8 tree mounts) or can be kept
     // whole in the disk cache.
     let passthrough_files = tree.vfiles().any(|f| f.whole_source().is_some());
-    let file_entries = files.is_some() && tree.vfiles().any(|f| crate::view::file_entries::key(f).is_some());
-    let passthrough = Arc::new(fuse::Passthrough::new(opts.passthrough && (passthrough_files || file_entries)));
+    let file_entries = files.is_some() && tree.vfiles().any(|f| file_entry_key(&**f).is_some());
+    let passthrough = Arc::new(passthrough::Passthrough::new(opts.passthrough && (passthrough_files || file_entries)));
     let stats_json = stats_content(stats.clone(), tiers.clone(), tree.vfiles().count(), files.clone(), passthrough.clone());
     if want_stats {
         let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
@@ -179,13 +181,13 @@ pub fn mount(
         max_background: opts.max_background,
         direct_io: opts.direct_io.forced(),
         source_io: opts.source_io.0,
-        direct_pool: fuse::read_pool("dio", opts.direct_threads).map_err(MountError::Threads)?,
+        direct_pool: pools::read_pool("dio", opts.direct_threads).map_err(MountError::Threads)?,
         async_dio: opts.async_dio,
         direct_piece: opts.direct_piece_kb << 10,
         passthrough,
         passthrough_files,
         mount_path: mount_path.clone(),
-        waiting: if fs.has_computed() { fuse::read_pool("wait", WAITING_THREADS).map_err(MountError::Threads)? } else { None },
+        waiting: if fs.has_computed() { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
     };
 
     let mut config = Config::default();
@@ -258,12 +260,12 @@ pub fn mount(
 /// Compute every persistent chunk of the view into the disk cache, on the background pool
 /// (niced, idle I/O class): reads run first, and a read that needs a chunk being warmed
 /// promotes it.
-fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>, entries: Option<Arc<crate::view::file_entries::FileEntries>>) {
+fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc<Tiers>, entries: Option<Arc<FileEntries>>) {
     let Some(disk) = tiers.disk.clone() else {
         tracing::warn!("prewarm=on needs a disk cache (disk_cache=DIR): not prewarming");
         return;
     };
-    if disk.mode() != crate::view::disk_cache::Mode::ReadWrite {
+    if disk.mode() != DiskMode::ReadWrite {
         tracing::warn!("prewarm=on: the disk cache {} is {}: not prewarming", disk.config().dir.display(), disk.mode().name());
         return;
     }
@@ -291,14 +293,12 @@ fn stats_content(
     stats: Arc<fs::Stats>,
     tiers: Arc<Tiers>,
     files: usize,
-    entries: Option<Arc<crate::view::file_entries::FileEntries>>,
-    passthrough: Arc<fuse::Passthrough>,
+    entries: Option<Arc<FileEntries>>,
+    passthrough: Arc<passthrough::Passthrough>,
 ) -> crate::view::tree::DynamicContent {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     Arc::new(move || {
-        let cache = &tiers.mem;
-        let c = &cache.stats;
         let v = serde_json::json!({
             "uptime_s": started.elapsed().as_secs_f64(),
             "codec_simd": crate::codec::simd::describe(),
@@ -313,16 +313,7 @@ fn stats_content(
                 "max": stats.latency_quantile(1.0),
                 "note": "upper bounds of power-of-two buckets",
             },
-            "cache": {
-                "budget_bytes": cache.budget(),
-                "bytes": cache.bytes(),
-                "hits": c.hits.load(Relaxed),
-                "misses": c.misses.load(Relaxed),
-                "waits": c.waits.load(Relaxed),
-                "evictions": c.evictions.load(Relaxed),
-                "bytes_computed": c.bytes_computed.load(Relaxed),
-                "bytes_from_disk": c.bytes_from_disk.load(Relaxed),
-            },
+            "cache": tiers.mem.snapshot(),
             "disk_cache": tiers.disk.as_ref().map(|d| d.snapshot()),
             "passthrough": {
                 "enabled": passthrough.is_enabled(),

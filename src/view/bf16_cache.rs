@@ -28,9 +28,10 @@ use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
-use super::disk_cache::{source_file_keys, DiskKey, KeyBuilder, ProducerKey};
+use super::{Group, Tiers};
+use crate::store::disk::source_file_keys;
+use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};

@@ -5,17 +5,13 @@
 //! view module provides the same few parts (its options, a plan checked against the
 //! source, the layout of its virtual files, its manifests as [`derived`] files, and a
 //! verify hook for `materialize --verify`). [`vfile`] and [`tree`] are the file and
-//! directory model both front ends read. Computed chunks go through [`compute::Tiers`]:
-//! the memory [`cache`], the persistent [`disk_cache`] and the compute pool, one set per
-//! process; [`warm`] computes a view's chunks ahead into the disk cache.
+//! directory model both front ends read. Computed chunks go through the storage layer's
+//! [`Tiers`] (`crate::store`: memory, disk cache and compute pool, one set per process);
+//! [`warm`] computes a view's chunks ahead into the disk cache.
 
 pub mod bf16_cache;
-pub mod cache;
-pub mod compute;
 pub mod derived;
-pub mod disk_cache;
 pub mod expert_pack;
-pub mod file_entries;
 pub mod imatrix;
 pub mod kimi_pack;
 pub mod kt_int8;
@@ -34,10 +30,17 @@ pub use vfile::{ChunkSource, Extent, VirtualFile};
 use crate::codec::CodecError;
 use crate::digest::DigestError;
 use crate::source::SourceError;
+use crate::store::{ChunkError, Panicked};
+
+/// The storage layer's chunk tiers, computing with the views' error.
+pub type Tiers = crate::store::Tiers<ViewError>;
+/// What one job of the compute pool computes for a view (one chunk, or sibling chunks).
+pub type Group = crate::store::Group<ViewError>;
 
 /// The highest layer index a view accepts in a tensor name (real models have under 200).
 pub const MAX_LAYER_INDEX: u64 = 4095;
-/// The most routed experts per layer a view accepts (real models have up to 384).
+/// The most routed experts per layer a view accepts in tensor names (real models have up to
+/// 384; the Kimi pack's planner has its own cap, `kimi_pack::plan::MAX_KIMI_EXPERTS`).
 pub const MAX_EXPERTS: u64 = 65536;
 
 /// An expert or layer index as written in a tensor name: decimal, no leading zeros, at most
@@ -53,14 +56,8 @@ pub(crate) fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u6
 /// (zeroed first): no `Arc::from(Vec)` copy, and one fresh allocation instead of two.
 pub(crate) fn new_chunk<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Arc<[u8]>, E> {
     let mut chunk: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
-    match Arc::get_mut(&mut chunk) {
-        Some(buf) => fill(buf).map(|()| chunk),
-        // Not reached (a new Arc has no other holder); kept as the copying way.
-        None => {
-            let mut buf = vec![0u8; len];
-            fill(&mut buf).map(|()| Arc::from(buf))
-        }
-    }
+    fill(Arc::get_mut(&mut chunk).expect("a new Arc has no other holder"))?;
+    Ok(chunk)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +89,25 @@ pub enum ViewError {
     Shared(Arc<ViewError>),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<Panicked> for ViewError {
+    fn from(p: Panicked) -> Self {
+        ViewError::Internal(format!("chunk computation panicked: {}", p.0))
+    }
+}
+
+/// The views' error is the one the storage layer shares among the readers of a chunk.
+impl ChunkError for ViewError {
+    fn shared(e: Arc<Self>) -> Self {
+        ViewError::Shared(e)
+    }
+    fn internal(msg: String) -> Self {
+        ViewError::Internal(msg)
+    }
+    fn option(option: &'static str, rule: String) -> Self {
+        ViewError::Option { option, rule }
+    }
 }
 
 impl ViewError {

@@ -6,21 +6,22 @@
 //!
 //! A view is a module under `view/` with a unit struct implementing [`View`]; adding one
 //! means adding it to [`VIEWS`] (and, if it has options, one `#[command(flatten)]` field in
-//! [`ViewOptions`]). `serve` and `materialize` know views only through this module.
+//! [`ViewOptions`]). `serve` and `materialize` never name a view's module: they build views
+//! through this module and read what it gives, a [`Built`] tree of virtual files (`tree`,
+//! `vfile`), like any other.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::compute::{self, Tiers};
-use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tree, ViewError};
+use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tiers, Tree, ViewError};
 use crate::digest::DigestStore;
 use crate::source::{Source, SourceFile};
 use crate::util::args::{int_in, plain_file_name};
 
 /// Every view, in the order `view=auto` asks them whether they are the default.
 pub static VIEWS: &[&dyn View] = &[
-    &kt_int8::tree::Int8TreeView,
+    &kt_int8::existing_tree::Int8TreeView,
     &expert_pack::ExpertPackView,
     &kimi_pack::KimiPackView,
     &bf16_cache::Bf16CacheView,
@@ -65,14 +66,14 @@ pub struct ViewOptions {
     /// else ~/.cache/xpackfs/digests; $XPACKFS_DIGEST_STORE overrides)
     #[arg(long, value_name = "DIR", help_heading = "View")]
     pub digest_store: Option<String>,
-    /// Byte budget of the computed-chunk cache, MiB
-    #[arg(long, value_name = "MIB", default_value = "1024", value_parser = int_in::<u64>(1, 1 << 24), help_heading = "View")]
+    /// Byte budget of the computed-chunk memory cache, MiB
+    #[arg(long, value_name = "MIB", default_value = "1024", value_parser = int_in::<u64>(1, 1 << 24), help_heading = "Chunk caches")]
     pub cache_mb: u64,
     /// File name stem of the pack (default: the source's stem)
     #[arg(long, value_parser = plain_file_name, help_heading = "View")]
     pub name: Option<String>,
     #[command(flatten)]
-    pub tiers: compute::Options,
+    pub tiers: crate::store::Options,
     #[command(flatten)]
     pub pack: expert_pack::Options,
     #[command(flatten)]
@@ -117,7 +118,7 @@ impl Input {
     /// keeps the path as given, so that its validator sees (and refuses) a symlinked root,
     /// as `validate-int8` does.
     pub fn open(path: &Path) -> Result<Input, ViewError> {
-        if kt_int8::tree::is_int8_tree(path) {
+        if kt_int8::existing_tree::is_int8_tree(path) {
             return Ok(Input::Int8Tree(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())));
         }
         let canonical = std::fs::canonicalize(path);

@@ -23,9 +23,10 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
-use super::disk_cache::{source_file_keys, DiskKey, KeyBuilder, ProducerKey};
+use super::{Group, Tiers};
+use crate::store::disk::source_file_keys;
+use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
 use super::imatrix::Imatrix;
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::{self, mxfp4, QuantType};

@@ -7,12 +7,13 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use super::compute::{Priority, Warmed};
 use super::ViewError;
 use crate::source::{SourceFile, SourceIo};
+use crate::store::file_entries::{Chunks, Part, StoredFile};
+use crate::store::{DiskKey, Priority, Warmed};
 
 /// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
-/// produced whole; the computed views produce theirs through [`super::compute::Tiers`]
+/// produced whole; the computed views produce theirs through [`super::Tiers`]
 /// (memory, disk cache, compute pool).
 pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     /// The whole chunk `id`; its length must equal the extent's length.
@@ -41,9 +42,9 @@ pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     /// read priority, see `Tiers::prefetch`).
     fn prefetch(&self, _id: u64) {}
     /// The disk-cache key of chunk `id` (a digest of everything its bytes depend on), for
-    /// the key of a whole-file entry ([`super::file_entries`]); `None`: not keyed (such a
-    /// file gets no file entry).
-    fn disk_key(&self, _id: u64) -> Option<super::disk_cache::DiskKey> {
+    /// the key of a whole-file entry ([`crate::store::file_entries`]); `None`: not keyed
+    /// (such a file gets no file entry).
+    fn disk_key(&self, _id: u64) -> Option<DiskKey> {
         None
     }
 }
@@ -86,8 +87,9 @@ pub struct VirtualFile {
     /// Built from digests of other files (manifests, [`super::derived`]): materialize writes
     /// it after them.
     derived: bool,
-    /// The key of its whole-file disk-cache entry, found once ([`super::file_entries`]).
-    file_key: OnceLock<Option<super::disk_cache::DiskKey>>,
+    /// The key of its whole-file disk-cache entry, found once
+    /// ([`crate::store::file_entries`]).
+    file_key: OnceLock<Option<DiskKey>>,
     /// Ranges whose sha256 a derived file needs (besides the whole file).
     digest_ranges: parking_lot::Mutex<Vec<(u64, u64)>>,
     /// Digests already known for (offset, len), recorded by whoever streamed those bytes.
@@ -261,11 +263,6 @@ impl VirtualFile {
             })
     }
 
-    /// Where the key of its file entry is kept once found ([`super::file_entries::key`]).
-    pub(super) fn file_key_cell(&self) -> &OnceLock<Option<super::disk_cache::DiskKey>> {
-        &self.file_key
-    }
-
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).
     pub fn is_derived(&self) -> bool {
         self.derived
@@ -323,6 +320,61 @@ impl VirtualFile {
     /// sha256 of the whole file.
     pub fn sha256(&self) -> Result<String, ViewError> {
         self.sha256_range(0, self.size)
+    }
+}
+
+/// A chunk producer as the storage layer's file entries see it.
+struct ChunksOf<'a>(&'a dyn ChunkSource);
+
+impl Chunks for ChunksOf<'_> {
+    fn persistent(&self) -> bool {
+        self.0.persistent()
+    }
+    fn ready(&self, id: u64) -> bool {
+        self.0.ready(id)
+    }
+    fn disk_key(&self, id: u64) -> Option<DiskKey> {
+        self.0.disk_key(id)
+    }
+}
+
+/// A view file kept whole in the disk cache ([`crate::store::file_entries`]): its extents
+/// are the parts its key is made of, and its bytes are read through [`VirtualFile::read_at`].
+impl StoredFile for VirtualFile {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn is_derived(&self) -> bool {
+        self.derived
+    }
+
+    fn file_key_cell(&self) -> &OnceLock<Option<DiskKey>> {
+        &self.file_key
+    }
+
+    fn visit_parts(&self, visit: &mut dyn FnMut(u64, Part<'_>) -> std::ops::ControlFlow<()>) -> std::ops::ControlFlow<()> {
+        for (start, e) in &self.extents {
+            let part = match e {
+                Extent::Bytes(b) => Part::Bytes(b),
+                Extent::Zeros(n) => Part::Zeros(*n),
+                Extent::Source { file, offset, len } => Part::Source { file, offset: *offset, len: *len },
+                Extent::Computed { source, id, len } => {
+                    visit(*start, Part::Chunk { chunks: &ChunksOf(&**source), id: *id, len: *len })?;
+                    continue;
+                }
+            };
+            visit(*start, part)?;
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        match self.read_at(offset, buf) {
+            Ok(n) if n == buf.len() => Ok(()),
+            Ok(n) => Err(format!("the view file ended at {} of {}", offset + n as u64, self.size)),
+            Err(e) => Err(e.to_string()),
+        }
     }
 }
 

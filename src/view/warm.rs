@@ -3,13 +3,18 @@
 //! both run [`run`] over the items [`plan`] lists.
 //!
 //! After the chunks, [`write_files`] keeps each warmed file whole in the disk cache too
-//! ([`super::file_entries`]), from the chunks now on disk: a later mount hands those files to
+//! ([`crate::store::file_entries`]), from the chunks now on disk: a later mount hands those files to
 //! the kernel.
 //!
 //! Resumable by construction: an item whose chunks are on disk already is found by a
 //! presence check (size, no read) and skipped, so an interrupted warm-up continues where it
 //! stopped. Chunks computed by one job (kt-int8's sibling files) are one item, asked for
 //! once: no thread of the pool ever waits for a job it is itself running.
+//!
+//! It lives in `view/`, not in the storage layer, because what it plans over is views' own:
+//! the extents of virtual files and their chunk producers (each producer knows its warm
+//! group and warms its chunks through the tiers). The storage parts it drives (the pool,
+//! [`Tiers::warm`](crate::store::Tiers::warm), file entries) are `store`'s.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -19,10 +24,10 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
-use super::compute::{Priority, Tiers, Warmed};
-use super::disk_cache::{seal_len, HEADER_BYTES};
-use super::file_entries::{self, FileEntries};
-use super::{ChunkSource, Extent, VirtualFile};
+use super::{ChunkSource, Extent, Tiers, VirtualFile};
+use crate::store::disk::{seal_len, HEADER_BYTES};
+use crate::store::file_entries::{self, FileEntries};
+use crate::store::{Priority, Warmed};
 
 /// One job's worth of chunks to warm.
 pub struct Item {
@@ -132,7 +137,7 @@ pub fn run(tiers: &Tiers, items: &[Item], prio: Priority, progress: &Progress) -
 
 /// Disk-cache bytes the file entries of `files` take (data and seal).
 pub fn file_bytes(files: &[(String, Arc<VirtualFile>)]) -> u64 {
-    files.iter().filter(|(_, f)| file_entries::key(f).is_some()).map(|(_, f)| f.size() + seal_len(f.size())).sum()
+    files.iter().filter(|(_, f)| file_entries::key(&**f).is_some()).map(|(_, f)| f.size() + seal_len(f.size())).sum()
 }
 
 /// What [`write_files`] did.
@@ -153,10 +158,10 @@ pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<V
     let started = Instant::now();
     let (written, present, skipped, bytes) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     tiers.pool.install(prio, || {
-        files.par_iter().filter(|(_, f)| file_entries::key(f).is_some()).for_each(|(_, f)| {
-            if entries.has(f) {
+        files.par_iter().filter(|(_, f)| file_entries::key(&**f).is_some()).for_each(|(_, f)| {
+            if entries.has(&**f) {
                 present.fetch_add(1, Relaxed);
-            } else if file_entries::nothing_to_compute(f, entries.disk()) && entries.write(f) {
+            } else if file_entries::nothing_to_compute(&**f, entries.disk()) && entries.write(&**f) {
                 written.fetch_add(1, Relaxed);
                 bytes.fetch_add(f.size(), Relaxed);
             } else {

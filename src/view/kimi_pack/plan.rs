@@ -14,9 +14,10 @@ use super::format::{encode_entry, Header, Role, ALIGNMENT, ARCHITECTURE, ENTRY_B
 use crate::source::gguf::{split_parts, GgufFileHeader, MetaValue};
 use crate::source::TensorInfo;
 
-/// Caps on what a header or config may make the planner allocate or iterate.
+/// Caps on what a header or config may make the planner allocate or iterate (the Kimi pack's
+/// own: the views' cap on expert indices in tensor names is [`crate::view::MAX_EXPERTS`]).
 pub const MAX_LAYERS: u64 = 1 << 16;
-pub const MAX_EXPERTS: u64 = 1 << 20;
+pub const MAX_KIMI_EXPERTS: u64 = 1 << 20;
 /// Header and index bytes (the audited model's are 37.6 MB).
 pub const MAX_HEAD_BYTES: u64 = 256 << 20;
 
@@ -244,8 +245,8 @@ pub fn check_model(spec: &PackSpec, model: Option<&ModelSpec>, mode: ModelCheck)
     if spec.num_hidden_layers < 2 || spec.num_hidden_layers > MAX_LAYERS {
         return rule(format!("num_hidden_layers is {}; 2 to {MAX_LAYERS} are accepted (one dense layer, then MoE layers)", spec.num_hidden_layers));
     }
-    if spec.num_experts == 0 || spec.num_experts > MAX_EXPERTS {
-        return rule(format!("num_experts is {}; 1 to {MAX_EXPERTS} are accepted", spec.num_experts));
+    if spec.num_experts == 0 || spec.num_experts > MAX_KIMI_EXPERTS {
+        return rule(format!("num_experts is {}; 1 to {MAX_KIMI_EXPERTS} are accepted", spec.num_experts));
     }
     if spec.expert_hidden == 0 || spec.intermediate == 0 {
         return rule(format!("expert matrices of {} x {} are empty", spec.expert_hidden, spec.intermediate));

@@ -14,7 +14,7 @@
 //! prefetches the next two matrices. The manifest's digests are computed on first read and
 //! remembered.
 
-pub mod tree;
+pub mod existing_tree;
 pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -23,9 +23,10 @@ use std::sync::Arc;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
-use super::compute::{Group, Priority, Tiers, Warmed};
 use super::derived::{Derived, Input};
-use super::disk_cache::{source_file_keys, DiskKey, KeyBuilder, ProducerKey};
+use super::{Group, Tiers};
+use crate::store::disk::source_file_keys;
+use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
 use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};

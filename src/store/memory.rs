@@ -1,5 +1,6 @@
-//! Byte-budgeted LRU cache of computed chunks, the first tier ([`super::compute::Tiers`]
-//! puts the disk cache and the compute pool behind it), with single-flight: concurrent
+//! The memory tier: a byte-budgeted LRU cache of computed chunks, the first tier
+//! ([`super::Tiers`] puts the disk cache and the compute pool behind it), with
+//! single-flight: concurrent
 //! readers of a chunk that is being loaded or computed wait for that one load instead of
 //! repeating it. Errors are not cached (a later read tries again and reports again); the
 //! readers that waited for a failed load all get that one error, shared.
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use lru::LruCache;
 use parking_lot::{Condvar, Mutex};
 
-use super::ViewError;
+use super::ChunkError;
 
 /// (producer id, chunk id).
 pub type Key = (u64, u64);
@@ -30,6 +31,19 @@ pub struct CacheStats {
     /// Bytes of chunks read back from the disk cache.
     pub bytes_from_disk: AtomicU64,
     pub evictions: AtomicU64,
+}
+
+/// The memory tier's counters at one moment, for `.xpackfs/stats.json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CacheSnapshot {
+    pub budget_bytes: usize,
+    pub bytes: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub waits: u64,
+    pub evictions: u64,
+    pub bytes_computed: u64,
+    pub bytes_from_disk: u64,
 }
 
 /// Where a chunk entering the cache comes from, for the counters.
@@ -49,23 +63,25 @@ struct Lru {
     bytes: usize,
 }
 
-type Slot = Arc<(Mutex<Option<Result<Arc<[u8]>, Arc<ViewError>>>>, Condvar)>;
+type Slot<E> = Arc<(Mutex<Option<Result<Arc<[u8]>, Arc<E>>>>, Condvar)>;
 
-pub struct ChunkCache {
+/// `E`: the error of the loads it runs (the views' error), shared with the readers that
+/// waited for a failed load.
+pub struct ChunkCache<E> {
     lru: Mutex<Lru>,
-    inflight: Mutex<HashMap<Key, Slot>>,
+    inflight: Mutex<HashMap<Key, Slot<E>>>,
     budget: usize,
     next_id: AtomicU64,
     pub stats: CacheStats,
 }
 
-impl std::fmt::Debug for ChunkCache {
+impl<E> std::fmt::Debug for ChunkCache<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChunkCache").field("budget", &self.budget).field("bytes", &self.bytes()).finish()
     }
 }
 
-impl ChunkCache {
+impl<E> ChunkCache<E> {
     pub fn new(budget_bytes: usize) -> Self {
         ChunkCache {
             lru: Mutex::new(Lru { map: LruCache::unbounded(), bytes: 0 }),
@@ -76,7 +92,7 @@ impl ChunkCache {
         }
     }
 
-    /// A fresh producer id for a [`crate::view::ChunkSource`] to key its chunks with.
+    /// A fresh producer id for a view's chunk producer to key its chunks with.
     pub fn producer_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -87,6 +103,20 @@ impl ChunkCache {
 
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    pub fn snapshot(&self) -> CacheSnapshot {
+        let s = &self.stats;
+        CacheSnapshot {
+            budget_bytes: self.budget(),
+            bytes: self.bytes(),
+            hits: s.hits.load(Ordering::Relaxed),
+            misses: s.misses.load(Ordering::Relaxed),
+            waits: s.waits.load(Ordering::Relaxed),
+            evictions: s.evictions.load(Ordering::Relaxed),
+            bytes_computed: s.bytes_computed.load(Ordering::Relaxed),
+            bytes_from_disk: s.bytes_from_disk.load(Ordering::Relaxed),
+        }
     }
 
     fn lookup(&self, key: &Key) -> Option<Arc<[u8]>> {
@@ -144,14 +174,12 @@ impl ChunkCache {
         self.insert(key, value);
     }
 
-    /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
-    pub fn get_or_compute<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, ViewError>) -> Result<Arc<[u8]>, ViewError> {
-        self.get_or_load(key, || compute().map(|v| (v.into(), Origin::Computed)))
-    }
+}
 
+impl<E: ChunkError> ChunkCache<E> {
     /// The chunk at `key`, loading it with `load` (which says where the bytes came from) if
     /// no one has it or is loading it.
-    pub fn get_or_load(&self, key: Key, load: impl FnOnce() -> Result<(Arc<[u8]>, Origin), ViewError>) -> Result<Arc<[u8]>, ViewError> {
+    pub fn get_or_load(&self, key: Key, load: impl FnOnce() -> Result<(Arc<[u8]>, Origin), E>) -> Result<Arc<[u8]>, E> {
         if let Some(v) = self.get(&key) {
             return Ok(v);
         }
@@ -165,7 +193,7 @@ impl ChunkCache {
             match inflight.get(&key) {
                 Some(s) => (s.clone(), false),
                 None => {
-                    let s: Slot = Arc::new((Mutex::new(None), Condvar::new()));
+                    let s: Slot<E> = Arc::new((Mutex::new(None), Condvar::new()));
                     inflight.insert(key, s.clone());
                     (s, true)
                 }
@@ -179,14 +207,14 @@ impl ChunkCache {
             }
             return match done.as_ref() {
                 Some(Ok(v)) => Ok(v.clone()),
-                Some(Err(e)) => Err(ViewError::Shared(e.clone())),
-                None => Err(ViewError::Internal("chunk computation ended without a result".into())),
+                Some(Err(e)) => Err(E::shared(e.clone())),
+                None => Err(E::internal("chunk computation ended without a result".into())),
             };
         }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         // A panic in `load` must not leave waiters hanging.
-        let result: Result<Arc<[u8]>, Arc<ViewError>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
-            .unwrap_or_else(|_| Err(ViewError::Internal("chunk computation panicked".into())))
+        let result: Result<Arc<[u8]>, Arc<E>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
+            .unwrap_or_else(|_| Err(E::internal("chunk computation panicked".into())))
             .map(|(v, origin)| {
                 self.record(v.len(), origin);
                 v
@@ -198,18 +226,28 @@ impl ChunkCache {
         *slot.0.lock() = Some(result.clone());
         slot.1.notify_all();
         self.inflight.lock().remove(&key);
-        result.map_err(ViewError::Shared)
+        result.map_err(E::shared)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::error::TestError;
     use std::sync::atomic::AtomicUsize;
+
+    type Cache = ChunkCache<TestError>;
+
+    impl<E: ChunkError> ChunkCache<E> {
+        /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
+        fn get_or_compute<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, E>) -> Result<Arc<[u8]>, E> {
+            self.get_or_load(key, || compute().map(|v| (v.into(), Origin::Computed)))
+        }
+    }
 
     #[test]
     fn budget_is_kept_and_lru_evicted() {
-        let c = ChunkCache::new(100);
+        let c = Cache::new(100);
         for i in 0..10u64 {
             c.get_or_compute((1, i), || Ok(vec![i as u8; 30])).unwrap();
         }
@@ -235,7 +273,7 @@ mod tests {
 
     #[test]
     fn concurrent_readers_share_one_computation() {
-        let c = Arc::new(ChunkCache::new(1 << 20));
+        let c = Arc::new(Cache::new(1 << 20));
         let calls = Arc::new(AtomicUsize::new(0));
         std::thread::scope(|s| {
             for _ in 0..8 {
@@ -258,15 +296,15 @@ mod tests {
 
     #[test]
     fn errors_and_panics_reach_every_waiter_and_are_not_cached() {
-        let c = ChunkCache::new(1000);
-        assert!(c.get_or_compute((1, 1), || Err::<Vec<u8>, _>(ViewError::Internal("boom".into()))).is_err());
-        assert!(c.get_or_compute((1, 1), || -> Result<Vec<u8>, ViewError> { panic!("bad chunk") }).is_err());
+        let c = Cache::new(1000);
+        assert!(c.get_or_compute((1, 1), || Err::<Vec<u8>, _>(TestError::Failed("boom".into()))).is_err());
+        assert!(c.get_or_compute((1, 1), || -> Result<Vec<u8>, TestError> { panic!("bad chunk") }).is_err());
         assert_eq!(c.get_or_compute((1, 1), || Ok(vec![1])).unwrap().len(), 1);
     }
 
     #[test]
     fn origins_are_counted_once_each() {
-        let c = ChunkCache::new(1 << 20);
+        let c = Cache::new(1 << 20);
         c.get_or_compute((1, 1), || Ok(vec![0; 10])).unwrap();
         c.get_or_load((1, 2), || Ok((Arc::from(vec![0; 20]), Origin::Disk))).unwrap();
         c.get_or_load((1, 3), || Ok((Arc::from(vec![0; 40]), Origin::Counted))).unwrap();

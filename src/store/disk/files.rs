@@ -290,7 +290,7 @@ impl DiskCache {
     fn write_file_entry(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> Result<(), Failed> {
         let (seal_path, data_path) = self.file_paths(key);
         if let Some(dir) = data_path.parent() {
-            fs::create_dir_all(dir)?;
+            super::create_private_dir(dir)?;
         }
         let mut blocks = Vec::with_capacity(size.div_ceil(BLOCK) as usize);
         let f = self.write_renamed::<Failed>(&format!("{}.file", key.hex()), &data_path, |f| {

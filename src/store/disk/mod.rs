@@ -1,6 +1,6 @@
 //! The on-disk tier of the chunk cache: computed chunks kept in a local directory, so work
 //! survives restarts and is shared by every mount (and `warm`, `materialize`) that uses the
-//! same directory. Memory ([`super::cache::ChunkCache`]) stays the first tier; this module
+//! same directory. Memory ([`super::memory::ChunkCache`]) stays the first tier; this module
 //! knows nothing of views: it stores opaque bytes under opaque 32-byte keys
 //! ([`DiskKey`], built with [`KeyBuilder`] from everything the bytes depend on).
 //!
@@ -25,9 +25,15 @@
 //!   disabled; one that cannot be written makes it read-only; a full filesystem pauses
 //!   writes for a while. Each is a warning; callers see misses and skipped writes.
 //!
-//! Besides chunk entries it keeps whole files of a view ("file entries", [`files`]): the
+//! Besides chunk entries it keeps whole files of a view ("file entries", `files`): the
 //! file's bytes as they are, so the kernel can serve them (FUSE passthrough), with a seal
 //! beside them; same budget, same LRU.
+//!
+//! One idea per file: `keys` (what entries are stored under), `entry` (the chunk entry's
+//! format, its reads and writes), `files` (file entries and their seals), `budget` (the
+//! shared counter and eviction), `stats` (counters); this file holds the cache itself:
+//! opening the directory, its modes, and what every writer shares (temporary files renamed
+//! into place, warnings, pausing when the filesystem is full).
 //!
 //! Layout of the directory: `entries/<2 hex>/<64 hex>` (256 shards), `files/<2 hex>/<64 hex>`
 //! and `.seal` beside it, `tmp/`, `usage`, `evict.lock`. Several processes may share it
@@ -36,128 +42,29 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
-use sha2::{Digest, Sha256};
-use twox_hash::XxHash3_128;
 
+mod budget;
+mod entry;
 mod files;
-pub use files::{seal_len, FileLookup};
+mod keys;
+mod stats;
 
-/// Entry format: magic (with the format version), key, payload length, checksum.
-const MAGIC: [u8; 8] = *b"XPKFSDC1";
-pub const HEADER_BYTES: u64 = 64;
-/// Largest payload accepted (a length read from an entry is capped by this before allocating).
-pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
-/// Bytes read (and hashed) at a time, so the checksum runs over data still in the CPU cache.
-const READ_PIECE: usize = 256 << 10;
+pub use budget::EvictReport;
+pub use entry::{HEADER_BYTES, MAX_ENTRY_BYTES};
+pub use files::{seal_len, FileLookup};
+pub use keys::{source_file_key, source_file_keys, DiskKey, KeyBuilder, ProducerKey};
+pub use stats::{DiskStats, DiskStatsSnapshot};
+
 /// Writes are paused this long after the filesystem reported it is full.
 const FULL_PAUSE: Duration = Duration::from_secs(30);
 /// The same warning is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
-
-/// A cache key: a digest of everything an entry's bytes depend on.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DiskKey(pub [u8; 32]);
-
-impl DiskKey {
-    pub fn hex(&self) -> String {
-        hex::encode(self.0)
-    }
-}
-
-impl std::fmt::Debug for DiskKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DiskKey({})", self.hex())
-    }
-}
-
-/// Builds keys from labelled fields (each label and value length-prefixed, so no two
-/// different field lists hash alike). Start from the view name; add the source's content
-/// identity, the view parameters, what a chunk producer reads; then either
-/// [`KeyBuilder::finish`] or [`KeyBuilder::producer`] for per-chunk keys.
-#[derive(Clone)]
-pub struct KeyBuilder(Sha256);
-
-impl KeyBuilder {
-    /// A key for `view`, already covering the entry format and [`crate::codec::REVISION`]
-    /// (bumped whenever any codec's output or a view's chunking could change: entries of an
-    /// older revision then never match again and age out by LRU).
-    pub fn new(view: &str) -> Self {
-        let mut b = KeyBuilder(Sha256::new());
-        b.0.update(MAGIC);
-        b.0.update(crate::codec::REVISION.to_le_bytes());
-        b.field("view", view)
-    }
-
-    pub fn field(mut self, label: &str, value: impl AsRef<[u8]>) -> Self {
-        let value = value.as_ref();
-        self.0.update((label.len() as u64).to_le_bytes());
-        self.0.update(label.as_bytes());
-        self.0.update((value.len() as u64).to_le_bytes());
-        self.0.update(value);
-        self
-    }
-
-    pub fn u64(self, label: &str, value: u64) -> Self {
-        self.field(label, value.to_le_bytes())
-    }
-
-    pub fn finish(self) -> DiskKey {
-        DiskKey(self.0.finalize().into())
-    }
-
-    /// The base key of one chunk producer; [`ProducerKey::chunk`] derives each chunk's key.
-    pub fn producer(self) -> ProducerKey {
-        ProducerKey(self.finish().0)
-    }
-}
-
-/// The identity of each source file as keys hold it (path, inode, size, mtime and ctime,
-/// not the device number: the digest store's rule, [`crate::digest::identity_key`]), so an
-/// entry computed from a file that has changed since is never found. Computed once per
-/// build, then added to each producer's key.
-pub fn source_file_keys(files: &[Arc<crate::source::SourceFile>]) -> Vec<String> {
-    files.iter().map(source_file_key).collect()
-}
-
-/// The identity of one source file as keys hold it (see [`source_file_keys`]).
-pub fn source_file_key(file: &Arc<crate::source::SourceFile>) -> String {
-    crate::digest::identity_key("", &crate::digest::records_of(std::slice::from_ref(file)))
-}
-
-/// Base key of a chunk producer (one tensor's chunks, ...), fixed at view build time.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ProducerKey(pub [u8; 32]);
-
-impl ProducerKey {
-    pub fn chunk(&self, id: u64) -> DiskKey {
-        let mut h = Sha256::new();
-        h.update(self.0);
-        h.update(b"chunk");
-        h.update(id.to_le_bytes());
-        DiskKey(h.finalize().into())
-    }
-
-    /// The key of a job that computes several of this producer's chunks at once.
-    pub fn group(&self) -> DiskKey {
-        let mut h = Sha256::new();
-        h.update(self.0);
-        h.update(b"group");
-        DiskKey(h.finalize().into())
-    }
-}
-
-impl std::fmt::Debug for ProducerKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ProducerKey({})", hex::encode(self.0))
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct DiskCacheConfig {
@@ -199,71 +106,6 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Default)]
-pub struct DiskStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub writes: AtomicU64,
-    pub bytes_written: AtomicU64,
-    /// Writes not done: disabled, read-only, paused, too large, or already present.
-    pub skipped_writes: AtomicU64,
-    pub write_errors: AtomicU64,
-    pub evictions: AtomicU64,
-    pub evicted_bytes: AtomicU64,
-    /// Entries found wrong (torn, truncated, corrupted) and deleted.
-    pub corrupt: AtomicU64,
-    /// Temporary files of writers that died, removed.
-    pub stale_temps: AtomicU64,
-    /// File entries ([`files`]) found sound and handed out, found absent, found changed and
-    /// checked good block by block, and written.
-    pub file_hits: AtomicU64,
-    pub file_misses: AtomicU64,
-    pub file_rechecks: AtomicU64,
-    pub file_writes: AtomicU64,
-}
-
-/// The counters at one moment, for `.xpackfs/stats.json` and the periodic log line.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct DiskStatsSnapshot {
-    pub dir: String,
-    pub mode: &'static str,
-    pub budget_bytes: u64,
-    /// Bytes of entries in the directory (shared by every process using it).
-    pub size_bytes: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub bytes_read: u64,
-    pub writes: u64,
-    pub bytes_written: u64,
-    pub skipped_writes: u64,
-    pub write_errors: u64,
-    pub evictions: u64,
-    pub evicted_bytes: u64,
-    pub corrupt: u64,
-    pub stale_temps: u64,
-    pub file_hits: u64,
-    pub file_misses: u64,
-    pub file_rechecks: u64,
-    pub file_writes: u64,
-}
-
-/// What an eviction pass found and did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EvictReport {
-    pub scanned: u64,
-    pub bytes_before: u64,
-    pub evicted: u64,
-    pub bytes_after: u64,
-}
-
-/// Why an entry was rejected.
-#[derive(Debug)]
-enum Bad {
-    Corrupt(String),
-    Io(io::Error),
-}
-
 pub struct DiskCache {
     cfg: DiskCacheConfig,
     mode: AtomicU8,
@@ -286,6 +128,31 @@ impl std::fmt::Debug for DiskCache {
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> String {
     format!("{}: {e}", path.display())
+}
+
+/// Create `dir`, and any missing parent, with mode 0700 whatever the umask: the cache's
+/// directories are its trust boundary (entries are checked with a non-cryptographic hash,
+/// which finds damage, not forgery). Existing directories are left as they are.
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_private_dir(parent)?;
+    }
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        // The umask may have taken bits away (even the owner's): set them exactly.
+        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700)),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A file this cache just created, made mode 0600 whatever the umask (see
+/// [`create_private_dir`]); entries keep it when they are renamed into place.
+fn private_file(f: File) -> io::Result<File> {
+    f.set_permissions(fs::Permissions::from_mode(0o600))?;
+    Ok(f)
 }
 
 impl DiskCache {
@@ -326,19 +193,20 @@ impl DiskCache {
     fn prepare(&mut self) -> Result<(), String> {
         let dir = self.cfg.dir.clone();
         for sub in ["entries", "tmp"] {
-            fs::create_dir_all(dir.join(sub)).map_err(|e| io_err(&dir.join(sub), e))?;
+            create_private_dir(&dir.join(sub)).map_err(|e| io_err(&dir.join(sub), e))?;
         }
         for i in 0..=255u8 {
             let shard = dir.join("entries").join(format!("{i:02x}"));
-            match fs::create_dir(&shard) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err(&shard, e)),
-            }
+            create_private_dir(&shard).map_err(|e| io_err(&shard, e))?;
         }
         let open = |name: &str| -> Result<File, String> {
             let p = dir.join(name);
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p).map_err(|e| io_err(&p, e))
+            let created = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&p).and_then(private_file);
+            match created {
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => OpenOptions::new().read(true).write(true).open(&p),
+                other => other,
+            }
+            .map_err(|e| io_err(&p, e))
         };
         self.usage = Some(Mutex::new(open("usage")?));
         self.evict_lock = Some(Mutex::new(open("evict.lock")?));
@@ -358,21 +226,6 @@ impl DiskCache {
         }
     }
 
-    pub fn budget(&self) -> u64 {
-        self.cfg.budget_bytes
-    }
-
-    /// Change the bound before the cache is shared (a default bound that depends on the
-    /// free space, found after opening).
-    pub fn set_budget(&mut self, bytes: u64) {
-        self.cfg.budget_bytes = bytes;
-    }
-
-    fn entry_path(&self, key: &DiskKey) -> PathBuf {
-        let hex = key.hex();
-        self.cfg.dir.join("entries").join(&hex[..2]).join(hex)
-    }
-
     fn warn(&self, what: &'static str, msg: impl FnOnce() -> String) {
         let mut w = self.last_warn.lock();
         let now = Instant::now();
@@ -383,36 +236,6 @@ impl DiskCache {
         }
         drop(w);
         tracing::warn!("disk cache {}: {}", self.cfg.dir.display(), msg());
-    }
-
-    /// The entry under `key`, verified, or `None` (absent, unreadable, or found wrong and
-    /// deleted).
-    pub fn get(&self, key: &DiskKey) -> Option<Arc<[u8]>> {
-        if self.mode() == Mode::Disabled {
-            return None;
-        }
-        let path = self.entry_path(key);
-        let file = self.open_or_miss(&path, &self.stats.misses)?;
-        match read_entry(&file, key) {
-            Ok((bytes, mtime)) => {
-                self.stats.hits.fetch_add(1, Relaxed);
-                self.stats.bytes_read.fetch_add(bytes.len() as u64, Relaxed);
-                self.touch(&file, mtime);
-                Some(bytes)
-            }
-            Err(Bad::Corrupt(why)) => {
-                self.stats.corrupt.fetch_add(1, Relaxed);
-                self.stats.misses.fetch_add(1, Relaxed);
-                tracing::warn!("disk cache entry {} is corrupt ({why}): deleted, the chunk will be recomputed", path.display());
-                self.remove_if_same(&path, &file);
-                None
-            }
-            Err(Bad::Io(e)) => {
-                self.stats.misses.fetch_add(1, Relaxed);
-                self.warn("read", || format!("{}: {e}", path.display()));
-                None
-            }
-        }
     }
 
     /// `path` open for reading, or a miss counted in `misses` (absent; any other failure is
@@ -426,12 +249,6 @@ impl DiskCache {
                 misses.fetch_add(1, Relaxed);
             })
             .ok()
-    }
-
-    /// Whether an entry of `payload_len` bytes is present under `key` (size checked, not
-    /// the checksum: for resuming a warm-up cheaply; `get` still verifies).
-    pub fn contains(&self, key: &DiskKey, payload_len: u64) -> bool {
-        self.mode() != Mode::Disabled && fs::metadata(self.entry_path(key)).is_ok_and(|m| m.len() == HEADER_BYTES + payload_len)
     }
 
     fn touch(&self, file: &File, mtime: SystemTime) {
@@ -455,49 +272,6 @@ impl DiskCache {
         }
     }
 
-    /// Delete the entry at `path` if it is still the file `file` (a writer may have just
-    /// replaced it with a good one).
-    fn remove_if_same(&self, path: &Path, file: &File) {
-        let (Ok(a), Ok(b)) = (file.metadata(), fs::symlink_metadata(path)) else { return };
-        if (a.dev(), a.ino()) == (b.dev(), b.ino()) && fs::remove_file(path).is_ok() {
-            self.add_usage(-(a.len() as i64));
-        }
-    }
-
-    /// Store `bytes` under `key` (write-behind: call it after the bytes were served).
-    /// Returns whether the entry is now present. Failures are warnings, never errors.
-    pub fn put(&self, key: &DiskKey, bytes: &[u8]) -> bool {
-        let total = HEADER_BYTES + bytes.len() as u64;
-        if self.mode() != Mode::ReadWrite || self.paused() || bytes.len() as u64 > MAX_ENTRY_BYTES || total > self.cfg.budget_bytes {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
-            return false;
-        }
-        let path = self.entry_path(key);
-        if fs::metadata(&path).is_ok_and(|m| m.len() == total) {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
-            return true; // another writer (or process) was first
-        }
-        let Some(before) = self.add_usage(total as i64) else {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
-            return false;
-        };
-        match self.write_entry(key, bytes, &path) {
-            Ok(()) => {
-                self.stats.writes.fetch_add(1, Relaxed);
-                self.stats.bytes_written.fetch_add(total, Relaxed);
-            }
-            Err(e) => {
-                self.add_usage(-(total as i64));
-                self.write_failed(&e);
-                return false;
-            }
-        }
-        if before.saturating_add(total) > self.cfg.budget_bytes {
-            self.evict(false);
-        }
-        true
-    }
-
     fn paused(&self) -> bool {
         let until = self.paused_until_ms.load(Relaxed);
         until != 0 && (self.epoch.elapsed().as_millis() as u64) < until
@@ -519,18 +293,6 @@ impl DiskCache {
         }
     }
 
-    fn write_entry(&self, key: &DiskKey, bytes: &[u8], path: &Path) -> io::Result<()> {
-        self.write_renamed(&key.hex(), path, |f| {
-            f.write_all_at(&header(key, bytes), 0)?;
-            f.write_all_at(bytes, HEADER_BYTES)?;
-            if self.cfg.fsync {
-                f.sync_data()?;
-            }
-            Ok(())
-        })
-        .map(drop)
-    }
-
     /// Write a new temporary file under `tmp/` with `write`, then rename it to `path`;
     /// returns it (still open). On failure the temporary file is removed. It is locked by
     /// this writer until closed: a cleaner that can take the lock knows the writer is gone.
@@ -538,7 +300,7 @@ impl DiskCache {
         let seq = self.seq.fetch_add(1, Relaxed);
         let tmp = self.cfg.dir.join("tmp").join(format!("{stem}.{}.{seq}", std::process::id()));
         let result = (|| {
-            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).and_then(private_file)?;
             f.try_lock().map_err(|e| io::Error::other(format!("cannot lock a new temporary file: {e}")))?;
             write(&f)?;
             fs::rename(&tmp, path)?;
@@ -549,242 +311,13 @@ impl DiskCache {
         }
         result
     }
-
-    /// The shared counter, if it holds one.
-    fn read_usage(&self) -> Option<u64> {
-        let f = self.usage.as_ref()?.lock();
-        f.lock().ok()?;
-        let v = read_u64(&f);
-        let _ = f.unlock();
-        v
-    }
-
-    /// Add `delta` to the shared counter; returns its value before.
-    fn add_usage(&self, delta: i64) -> Option<u64> {
-        let f = self.usage.as_ref()?.lock();
-        f.lock().ok()?;
-        let before = read_u64(&f).unwrap_or(0);
-        let after = before.saturating_add_signed(delta);
-        let ok = f.write_all_at(&after.to_le_bytes(), 0).is_ok();
-        let _ = f.unlock();
-        ok.then_some(before)
-    }
-
-    /// Entry bytes in the directory (the shared counter: all processes' writes).
-    pub fn size_bytes(&self) -> u64 {
-        self.read_usage().unwrap_or(0)
-    }
-
-    /// Bring the directory under `low_water` of the budget if it is over the budget (or
-    /// always recount, with `recount`), evicting least recently used entries. One process
-    /// at a time; readers are never blocked.
-    pub fn evict(&self, recount: bool) -> EvictReport {
-        let mut report = EvictReport::default();
-        if self.mode() != Mode::ReadWrite {
-            return report;
-        }
-        let Some(evict_lock) = &self.evict_lock else { return report };
-        let guard = evict_lock.lock();
-        if guard.lock().is_err() {
-            return report;
-        }
-        let start = self.read_usage();
-        if !recount && start.is_some_and(|u| u <= self.cfg.budget_bytes) {
-            let _ = guard.unlock();
-            return report; // another process evicted meanwhile
-        }
-        let mut entries = self.scan();
-        report.scanned = entries.len() as u64;
-        // Writes in progress count (file entries' temporary files have their full length
-        // from the start) but are not evicted.
-        let mut total: u64 = entries.iter().map(|e| e.1).sum::<u64>() + self.temp_bytes();
-        report.bytes_before = total;
-        if total > self.cfg.budget_bytes {
-            let target = (self.cfg.budget_bytes as f64 * self.cfg.low_water.clamp(0.0, 1.0)) as u64;
-            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.2.cmp(&b.2)));
-            for (_, size, path) in &entries {
-                if total <= target {
-                    break;
-                }
-                // A file entry goes seal first, then its data (counted in the seal's size).
-                let data = path.to_str().and_then(|p| p.strip_suffix(".seal")).map(PathBuf::from);
-                match fs::remove_file(path) {
-                    Ok(()) => {
-                        if let Some(d) = data {
-                            let _ = fs::remove_file(d);
-                        }
-                        total -= size;
-                        report.evicted += 1;
-                        self.stats.evictions.fetch_add(1, Relaxed);
-                        self.stats.evicted_bytes.fetch_add(*size, Relaxed);
-                    }
-                    Err(e) if e.kind() == ErrorKind::NotFound => total -= size,
-                    Err(e) => self.warn("evict", || format!("cannot evict {}: {e}", path.display())),
-                }
-            }
-        }
-        report.bytes_after = total;
-        // Writes reserved while scanning were perhaps counted by the scan too: counting them
-        // twice only makes the next eviction come a little early (and recount).
-        if let Some(f) = self.usage.as_ref().map(|m| m.lock())
-            && f.lock().is_ok()
-        {
-            let now = read_u64(&f).unwrap_or(0);
-            let during = now.saturating_sub(start.unwrap_or(now));
-            let _ = f.write_all_at(&(total + during).to_le_bytes(), 0);
-            let _ = f.unlock();
-        }
-        self.clean_temps();
-        let _ = guard.unlock();
-        report
-    }
-
-    /// (use time, size, path) of every entry: chunk entries (their mtime), file entries
-    /// (their seal's mtime, the size of seal and data) and file data left without a seal.
-    fn scan(&self) -> Vec<(SystemTime, u64, PathBuf)> {
-        let mut out = Vec::new();
-        for top in ["entries", "files"] {
-            let Ok(shards) = fs::read_dir(self.cfg.dir.join(top)) else { continue };
-            for shard in shards.flatten() {
-                let Ok(files) = fs::read_dir(shard.path()) else { continue };
-                let found: Vec<(PathBuf, fs::Metadata)> =
-                    files.flatten().filter_map(|f| f.metadata().ok().filter(|m| m.is_file()).map(|m| (f.path(), m))).collect();
-                if top == "files" {
-                    // A seal stands for its data too; data without a seal stands alone.
-                    let lens: std::collections::HashMap<PathBuf, u64> = found.iter().map(|(p, m)| (p.clone(), m.len())).collect();
-                    for (path, m) in &found {
-                        let mtime = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                        if path.extension().is_some_and(|e| e == "seal") {
-                            out.push((mtime, m.len() + lens.get(&path.with_extension("")).copied().unwrap_or(0), path.clone()));
-                        } else if !lens.contains_key(&path.with_extension("seal")) {
-                            out.push((mtime, m.len(), path.clone()));
-                        }
-                    }
-                } else {
-                    out.extend(found.into_iter().map(|(p, m)| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), p)));
-                }
-            }
-        }
-        out
-    }
-
-    /// Bytes of the temporary files of writes in progress.
-    fn temp_bytes(&self) -> u64 {
-        let Ok(tmps) = fs::read_dir(self.cfg.dir.join("tmp")) else { return 0 };
-        tmps.flatten().filter_map(|t| t.metadata().ok()).map(|m| m.len()).sum()
-    }
-
-    /// Remove temporary files whose writer is gone (their lock can be taken).
-    fn clean_temps(&self) {
-        let Ok(tmps) = fs::read_dir(self.cfg.dir.join("tmp")) else { return };
-        for t in tmps.flatten() {
-            let path = t.path();
-            let Ok(f) = File::open(&path) else { continue };
-            if f.try_lock().is_ok() && fs::remove_file(&path).is_ok() {
-                self.stats.stale_temps.fetch_add(1, Relaxed);
-            }
-        }
-    }
-
-    pub fn snapshot(&self) -> DiskStatsSnapshot {
-        let s = &self.stats;
-        DiskStatsSnapshot {
-            dir: self.cfg.dir.display().to_string(),
-            mode: self.mode().name(),
-            budget_bytes: self.cfg.budget_bytes,
-            size_bytes: self.size_bytes(),
-            hits: s.hits.load(Relaxed),
-            misses: s.misses.load(Relaxed),
-            bytes_read: s.bytes_read.load(Relaxed),
-            writes: s.writes.load(Relaxed),
-            bytes_written: s.bytes_written.load(Relaxed),
-            skipped_writes: s.skipped_writes.load(Relaxed),
-            write_errors: s.write_errors.load(Relaxed),
-            evictions: s.evictions.load(Relaxed),
-            evicted_bytes: s.evicted_bytes.load(Relaxed),
-            corrupt: s.corrupt.load(Relaxed),
-            stale_temps: s.stale_temps.load(Relaxed),
-            file_hits: s.file_hits.load(Relaxed),
-            file_misses: s.file_misses.load(Relaxed),
-            file_rechecks: s.file_rechecks.load(Relaxed),
-            file_writes: s.file_writes.load(Relaxed),
-        }
-    }
-}
-
-fn read_u64(f: &File) -> Option<u64> {
-    let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, 0).ok()?;
-    Some(u64::from_le_bytes(b))
-}
-
-fn checksum(key: &DiskKey, len: u64) -> XxHash3_128 {
-    let mut h = XxHash3_128::new();
-    h.write(&key.0);
-    h.write(&len.to_le_bytes());
-    h
-}
-
-fn header(key: &DiskKey, bytes: &[u8]) -> [u8; HEADER_BYTES as usize] {
-    let len = bytes.len() as u64;
-    let mut h = checksum(key, len);
-    h.write(bytes);
-    let mut out = [0u8; HEADER_BYTES as usize];
-    out[..8].copy_from_slice(&MAGIC);
-    out[8..40].copy_from_slice(&key.0);
-    out[40..48].copy_from_slice(&len.to_le_bytes());
-    out[48..64].copy_from_slice(&h.finish_128().to_le_bytes());
-    out
-}
-
-/// Read and verify the entry `file` holds for `key`: its payload and mtime.
-fn read_entry(file: &File, key: &DiskKey) -> Result<(Arc<[u8]>, SystemTime), Bad> {
-    let meta = file.metadata().map_err(Bad::Io)?;
-    let size = meta.len();
-    if size < HEADER_BYTES {
-        return Err(Bad::Corrupt(format!("{size} bytes, shorter than the header")));
-    }
-    // The whole entry is wanted: one readahead of all of it, so a cold entry costs one
-    // device round trip instead of one per piece read below.
-    // SAFETY: a plain system call on the open descriptor `file`; it reads no memory.
-    unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(file), 0, size.min(i64::MAX as u64) as i64, libc::POSIX_FADV_WILLNEED) };
-    let mut head = [0u8; HEADER_BYTES as usize];
-    file.read_exact_at(&mut head, 0).map_err(Bad::Io)?;
-    if head[..8] != MAGIC {
-        return Err(Bad::Corrupt("not an entry of this format".into()));
-    }
-    if head[8..40] != key.0 {
-        return Err(Bad::Corrupt("holds another key".into()));
-    }
-    let len = u64::from_le_bytes(head[40..48].try_into().unwrap());
-    if len > MAX_ENTRY_BYTES || len != size - HEADER_BYTES {
-        return Err(Bad::Corrupt(format!("header says {len} payload bytes, the file has {}", size - HEADER_BYTES)));
-    }
-    let want = u128::from_le_bytes(head[48..64].try_into().unwrap());
-    // SAFETY: zeroed memory is a valid `[u8]`.
-    let mut buf: Arc<[u8]> = unsafe { Arc::<[u8]>::new_zeroed_slice(len as usize).assume_init() };
-    let out = Arc::get_mut(&mut buf).expect("fresh allocation");
-    let mut h = checksum(key, len);
-    let mut done = 0usize;
-    while done < out.len() {
-        let n = READ_PIECE.min(out.len() - done);
-        let piece = &mut out[done..done + n];
-        file.read_exact_at(piece, HEADER_BYTES + done as u64).map_err(|e| match e.kind() {
-            ErrorKind::UnexpectedEof => Bad::Corrupt("truncated while reading".into()),
-            _ => Bad::Io(e),
-        })?;
-        h.write(piece);
-        done += n;
-    }
-    if h.finish_128() != want {
-        return Err(Bad::Corrupt("checksum mismatch".into()));
-    }
-    Ok((buf, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::entry::READ_PIECE;
     use super::*;
+    use std::os::unix::fs::FileExt;
     use std::process::{Command, Stdio};
 
     /// Deterministic payload of entry `i` (first 8 bytes: `i`; the rest depends on `i` too).
@@ -834,23 +367,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn keys_cover_every_field_unambiguously() {
-        let base = || KeyBuilder::new("requant").field("source", "abc");
-        let k = base().field("w1", "IQ2_XXS").finish();
-        assert_eq!(k, base().field("w1", "IQ2_XXS").finish());
-        assert_ne!(k, base().field("w1", "Q8_0").finish());
-        assert_ne!(k, KeyBuilder::new("kt-int8").field("source", "abc").field("w1", "IQ2_XXS").finish());
-        // Field boundaries and labels count.
-        assert_ne!(base().field("ab", "c").finish(), base().field("a", "bc").finish());
-        assert_ne!(base().field("a", "b").field("c", "").finish(), base().field("a", "bc").finish());
-        assert_ne!(base().u64("n", 1).finish(), base().u64("m", 1).finish());
-        let p = base().producer();
-        let ids: std::collections::HashSet<DiskKey> = (0..1000).map(|i| p.chunk(i)).collect();
-        assert_eq!(ids.len(), 1000);
-        assert_ne!(p.chunk(0), base().field("x", "").producer().chunk(0));
-        assert!(!ids.contains(&p.group()));
-    }
 
     #[test]
     fn round_trip_and_counters() {
@@ -1081,6 +597,17 @@ mod tests {
         let arg = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
         match std::env::var("XPACKFS_DC_ROLE").unwrap().as_str() {
             "churn" => churn(&dir, arg("XPACKFS_DC_BUDGET"), arg("XPACKFS_DC_ENTRY") as usize, arg("XPACKFS_DC_SEED"), 200),
+            "modes" => {
+                // SAFETY: umask has no preconditions; this child process is alone in using it.
+                unsafe { libc::umask(arg("XPACKFS_DC_UMASK") as libc::mode_t) };
+                let c = DiskCache::open(cfg(&dir, 1 << 30));
+                assert_eq!(c.mode(), Mode::ReadWrite);
+                assert!(c.put(&key(1), &payload(1, 1000)));
+                assert!(c.put_file(&key(2), 3 << 20, &mut |_, buf| {
+                    buf.fill(7);
+                    Ok(())
+                }));
+            }
             "writer" => {
                 // Writes entries until killed, as fast as it can; but never more than 1 GiB,
                 // nor past 60 s or its parent (a failed parent test must not leave it
@@ -1104,6 +631,49 @@ mod tests {
         }
     }
 
+    /// Directories 0700 and files 0600 whatever the umask of the process that made them
+    /// (the cache's directory is its trust boundary), from the cache's root down; a
+    /// directory that was there already is left alone.
+    #[test]
+    fn directories_and_entries_are_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        for umask in [0o000u32, 0o022, 0o277] {
+            let parent = tempfile::tempdir().unwrap();
+            let dir = parent.path().join("made").join("cache");
+            let status = child(
+                "store::disk::tests::child_process",
+                &[("XPACKFS_DC_DIR", dir.display().to_string()), ("XPACKFS_DC_ROLE", "modes".into()), ("XPACKFS_DC_UMASK", umask.to_string())],
+            )
+            .status()
+            .unwrap();
+            assert!(status.success(), "umask {umask:03o}: the child failed");
+            let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+            let mut seen = (0, 0);
+            let mut stack = vec![parent.path().join("made")];
+            while let Some(d) = stack.pop() {
+                assert_eq!(mode(&d), 0o700, "umask {umask:03o}: {}", d.display());
+                seen.0 += 1;
+                for e in fs::read_dir(&d).unwrap().flatten() {
+                    if e.file_type().unwrap().is_dir() {
+                        stack.push(e.path());
+                    } else {
+                        assert_eq!(mode(&e.path()), 0o600, "umask {umask:03o}: {}", e.path().display());
+                        seen.1 += 1;
+                    }
+                }
+            }
+            // made, cache, entries + 256 shards, tmp, files + 1 shard; usage, evict.lock, one
+            // chunk entry, one file entry's data and seal.
+            assert_eq!(seen, (262, 5), "umask {umask:03o}");
+        }
+        // An existing directory keeps its mode.
+        let existing = tempfile::tempdir().unwrap();
+        fs::set_permissions(existing.path(), fs::Permissions::from_mode(0o750)).unwrap();
+        drop(DiskCache::open(cfg(existing.path(), 1 << 20)));
+        assert_eq!(fs::metadata(existing.path()).unwrap().permissions().mode() & 0o7777, 0o750);
+        assert_eq!(fs::metadata(existing.path().join("entries")).unwrap().permissions().mode() & 0o7777, 0o700);
+    }
+
     #[test]
     fn processes_sharing_a_directory_keep_budget_and_bytes() {
         let dir = tempfile::tempdir().unwrap();
@@ -1112,7 +682,7 @@ mod tests {
         let kids: Vec<_> = (0..3u64)
             .map(|seed| {
                 child(
-                    "view::disk_cache::tests::child_process",
+                    "store::disk::tests::child_process",
                     &[
                         ("XPACKFS_DC_DIR", dir.path().display().to_string()),
                         ("XPACKFS_DC_ROLE", "churn".into()),
@@ -1150,7 +720,7 @@ mod tests {
         let mut next = 0u64;
         for round in 0..12 {
             let mut kid = child(
-                "view::disk_cache::tests::child_process",
+                "store::disk::tests::child_process",
                 &[
                     ("XPACKFS_DC_DIR", dir.path().display().to_string()),
                     ("XPACKFS_DC_ROLE", "writer".into()),

@@ -1,6 +1,8 @@
 //! Whole files of a computed view in the disk cache ("file entries", stored and checked by
-//! [`super::disk_cache`]): which files get one and under what key, writing them from the
-//! view's own bytes, and finding them again.
+//! [`super::disk`]): which files get one and under what key, writing them from the
+//! view's own bytes, and finding them again. A view file is seen through [`StoredFile`]
+//! (what its bytes are made of, and a way to read them), which `view::VirtualFile`
+//! implements: this module knows no view type.
 //!
 //! Why: a mount serves chunk entries through the daemon, which verifies every read but
 //! costs two extra copies and a round trip per request (a FUSE mount reads at about half the
@@ -18,15 +20,52 @@
 //! from digests, chunks kept in memory only) or smaller than [`MIN_FILE_BYTES`] get none.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use super::compute::Tiers;
-use super::disk_cache::{source_file_key, DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
-use super::{Extent, VirtualFile};
+use super::Tiers;
+use super::disk::{source_file_key, DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
+use crate::source::SourceFile;
+
+/// One piece of a file, as a file entry's key and its write need to know it.
+pub enum Part<'a> {
+    /// Literal bytes.
+    Bytes(&'a [u8]),
+    /// A run of zero bytes.
+    Zeros(u64),
+    /// A range of a source file, served as is.
+    Source { file: &'a Arc<SourceFile>, offset: u64, len: u64 },
+    /// Chunk `id` of a producer of computed chunks.
+    Chunk { chunks: &'a dyn Chunks, id: u64, len: u64 },
+}
+
+/// What a file entry needs of a producer of computed chunks.
+pub trait Chunks {
+    /// Whether its chunks are kept in the disk cache.
+    fn persistent(&self) -> bool;
+    /// Whether chunk `id` is in memory now.
+    fn ready(&self, id: u64) -> bool;
+    /// The disk-cache key of chunk `id`; `None`: not keyed (the file gets no file entry).
+    fn disk_key(&self, id: u64) -> Option<DiskKey>;
+}
+
+/// A file as the storage layer sees it (implemented by the views' virtual file).
+pub trait StoredFile: Send + Sync {
+    fn size(&self) -> u64;
+    /// Built from digests of other files (manifests): such files get no file entry.
+    fn is_derived(&self) -> bool;
+    /// Where the key of its file entry is kept once found.
+    fn file_key_cell(&self) -> &OnceLock<Option<DiskKey>>;
+    /// Visit its parts in order, each with its start offset, until `visit` breaks.
+    fn visit_parts(&self, visit: &mut dyn FnMut(u64, Part<'_>) -> ControlFlow<()>) -> ControlFlow<()>;
+    /// Fill `buf` whole with its bytes at `offset` (through the view: chunks not in the
+    /// caches are computed), or say why not.
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), String>;
+}
 
 /// Smaller files are served through the daemon only (their chunk entries are enough: the
 /// transport's per-file cost, not its throughput, dominates them).
@@ -36,41 +75,53 @@ pub const MIN_FILE_BYTES: u64 = 1 << 20;
 const QUEUE: usize = 1024;
 
 /// The key of `f`'s file entry (found once, then kept in `f`), or `None` if it gets none.
-pub fn key(f: &VirtualFile) -> Option<DiskKey> {
+pub fn key(f: &dyn StoredFile) -> Option<DiskKey> {
     *f.file_key_cell().get_or_init(|| compute_key(f))
 }
 
-fn compute_key(f: &VirtualFile) -> Option<DiskKey> {
+/// Whether any part of `f` satisfies `pred` (stops at the first).
+fn any_part(f: &dyn StoredFile, mut pred: impl FnMut(Part<'_>) -> bool) -> bool {
+    f.visit_parts(&mut |_, p| if pred(p) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }).is_break()
+}
+
+fn compute_key(f: &dyn StoredFile) -> Option<DiskKey> {
     // Cheap refusals first: mounts ask for every file's key at start-up.
-    let persistent = f.extents().any(|(_, e)| matches!(e, Extent::Computed { source, .. } if source.persistent()));
+    let persistent = any_part(f, |p| matches!(p, Part::Chunk { chunks, .. } if chunks.persistent()));
     if !persistent || f.is_derived() || f.size() < MIN_FILE_BYTES {
         return None;
     }
-    let mut sources: HashMap<*const crate::source::SourceFile, String> = HashMap::new();
-    let mut b = KeyBuilder::new("file").u64("size", f.size());
-    for (start, e) in f.extents() {
-        b = b.u64("at", start);
-        b = match e {
-            Extent::Bytes(bytes) => b.field("bytes", Sha256::digest(bytes)),
-            Extent::Zeros(n) => b.u64("zeros", *n),
-            Extent::Source { file, offset, len } => {
+    let mut sources: HashMap<*const SourceFile, String> = HashMap::new();
+    let mut b = Some(KeyBuilder::new("file").u64("size", f.size()));
+    let flow = f.visit_parts(&mut |start, p| {
+        let k = b.take().expect("the builder is put back after each part").u64("at", start);
+        b = match p {
+            Part::Bytes(bytes) => Some(k.field("bytes", Sha256::digest(bytes))),
+            Part::Zeros(n) => Some(k.u64("zeros", n)),
+            Part::Source { file, offset, len } => {
                 let id = sources.entry(Arc::as_ptr(file)).or_insert_with(|| source_file_key(file));
-                b.field("source", id.as_bytes()).u64("offset", *offset).u64("len", *len)
+                Some(k.field("source", id.as_bytes()).u64("offset", offset).u64("len", len))
             }
-            Extent::Computed { source, id, len } => b.field("chunk", source.disk_key(*id)?.0).u64("len", *len),
+            Part::Chunk { chunks, id, len } => match chunks.disk_key(id) {
+                Some(d) => Some(k.field("chunk", d.0).u64("len", len)),
+                None => return ControlFlow::Break(()),
+            },
         };
+        ControlFlow::Continue(())
+    });
+    if flow.is_break() {
+        return None;
     }
-    Some(b.finish())
+    b.map(KeyBuilder::finish)
 }
 
 /// Whether every chunk of `f` kept in the disk cache is in memory or on disk (its size
 /// checked, nothing read): its file entry is then written without computing anything.
-pub fn nothing_to_compute(f: &VirtualFile, disk: &DiskCache) -> bool {
-    f.extents().all(|(_, e)| match e {
-        Extent::Computed { source, id, len } if source.persistent() => {
-            source.ready(*id) || source.disk_key(*id).is_some_and(|k| *len <= MAX_ENTRY_BYTES && disk.contains(&k, *len))
+pub fn nothing_to_compute(f: &dyn StoredFile, disk: &DiskCache) -> bool {
+    !any_part(f, |p| match p {
+        Part::Chunk { chunks, id, len } if chunks.persistent() => {
+            !(chunks.ready(id) || chunks.disk_key(id).is_some_and(|k| len <= MAX_ENTRY_BYTES && disk.contains(&k, len)))
         }
-        _ => true,
+        _ => false,
     })
 }
 
@@ -78,7 +129,7 @@ pub fn nothing_to_compute(f: &VirtualFile, disk: &DiskCache) -> bool {
 /// thread (niced, idle I/O class) that never computes a chunk.
 pub struct FileEntries {
     disk: Arc<DiskCache>,
-    queue: Option<SyncSender<Arc<VirtualFile>>>,
+    queue: Option<SyncSender<Arc<dyn StoredFile>>>,
     /// Keys queued or being written (asked once).
     pending: Arc<Mutex<HashSet<DiskKey>>>,
 }
@@ -92,10 +143,10 @@ impl std::fmt::Debug for FileEntries {
 impl FileEntries {
     /// The file entries of `tiers`' disk cache, if it has one and they are wanted (the
     /// `disk_cache_files` option).
-    pub fn of(tiers: &Tiers, wanted: bool) -> Option<Arc<FileEntries>> {
+    pub fn of<E>(tiers: &Tiers<E>, wanted: bool) -> Option<Arc<FileEntries>> {
         let disk = tiers.disk.clone().filter(|_| wanted)?;
         let pending: Arc<Mutex<HashSet<DiskKey>>> = Arc::default();
-        let (tx, rx) = sync_channel::<Arc<VirtualFile>>(QUEUE);
+        let (tx, rx) = sync_channel::<Arc<dyn StoredFile>>(QUEUE);
         let queue = {
             let (disk, pending) = (disk.clone(), pending.clone());
             std::thread::Builder::new()
@@ -103,10 +154,10 @@ impl FileEntries {
                 .spawn(move || {
                     super::compute::deprioritise_this_thread(19, true);
                     for f in rx {
-                        if nothing_to_compute(&f, &disk) {
-                            write(&disk, &f);
+                        if nothing_to_compute(&*f, &disk) {
+                            write(&disk, &*f);
                         }
-                        if let Some(k) = key(&f) {
+                        if let Some(k) = key(&*f) {
                             pending.lock().remove(&k);
                         }
                     }
@@ -123,7 +174,7 @@ impl FileEntries {
     }
 
     /// `f`'s file entry, open and checked (see [`DiskCache::file_entry`]).
-    pub fn open(&self, f: &VirtualFile) -> FileLookup {
+    pub fn open(&self, f: &dyn StoredFile) -> FileLookup {
         match key(f) {
             Some(k) => self.disk.file_entry(&k, f.size()),
             None => FileLookup::Absent,
@@ -131,7 +182,7 @@ impl FileEntries {
     }
 
     /// Refresh the use time of `f`'s file entry (it is being served).
-    pub fn touch(&self, f: &VirtualFile) {
+    pub fn touch(&self, f: &dyn StoredFile) {
         if let Some(k) = key(f) {
             self.disk.touch_file(&k);
         }
@@ -143,34 +194,30 @@ impl FileEntries {
     }
 
     /// Whether `f` has a file entry (present, not checked).
-    pub fn has(&self, f: &VirtualFile) -> bool {
+    pub fn has(&self, f: &dyn StoredFile) -> bool {
         key(f).is_some_and(|k| self.disk.has_file(&k, f.size()))
     }
 
     /// Write `f`'s file entry now (its bytes read through the view: chunks not in the
     /// caches are computed). Returns whether it is present.
-    pub fn write(&self, f: &VirtualFile) -> bool {
+    pub fn write(&self, f: &dyn StoredFile) -> bool {
         write(&self.disk, f)
     }
 
     /// Write `f`'s file entry in the background if none of its chunks needs computing (a
     /// mount calls this when a file's last handle is closed).
-    pub fn write_behind(&self, f: &Arc<VirtualFile>) {
-        let (Some(queue), Some(k)) = (&self.queue, key(f)) else { return };
+    pub fn write_behind(&self, f: Arc<dyn StoredFile>) {
+        let (Some(queue), Some(k)) = (&self.queue, key(&*f)) else { return };
         if self.disk.has_file(&k, f.size()) || !self.pending.lock().insert(k) {
             return;
         }
-        if queue.try_send(f.clone()).is_err() {
+        if queue.try_send(f).is_err() {
             self.pending.lock().remove(&k);
         }
     }
 }
 
-fn write(disk: &DiskCache, f: &VirtualFile) -> bool {
+fn write(disk: &DiskCache, f: &dyn StoredFile) -> bool {
     let Some(k) = key(f) else { return false };
-    disk.put_file(&k, f.size(), &mut |at, buf| match f.read_at(at, buf) {
-        Ok(n) if n == buf.len() => Ok(()),
-        Ok(n) => Err(format!("the view file ended at {} of {}", at + n as u64, f.size())),
-        Err(e) => Err(e.to_string()),
-    })
+    disk.put_file(&k, f.size(), &mut |at, buf| f.fill(at, buf))
 }
