@@ -36,12 +36,84 @@ fn start_writeback(f: &File, off: u64, len: u64) {
     }
 }
 
+/// Alignment of direct writes (offsets, lengths and buffer addresses).
+const DIRECT_ALIGN: usize = 4096;
+
+/// A write buffer whose bytes start at a [`DIRECT_ALIGN`]-aligned address, so it can be
+/// written with `O_DIRECT`.
+struct Buf {
+    v: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Buf {
+    fn new(capacity: usize) -> Buf {
+        let v = vec![0u8; capacity + DIRECT_ALIGN];
+        let start = v.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
+        Buf { v, start, len: 0 }
+    }
+
+    /// Make the buffer `len` bytes long (at most its capacity).
+    fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.v.len() - self.start);
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.v[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.v[self.start..self.start + self.len]
+    }
+}
+
+/// A second descriptor of the file being written, opened with `O_DIRECT`, for the aligned
+/// part of each write: the bytes go from the pool's buffers to the device without a copy
+/// into the page cache (which, for outputs of hundreds of GB, would also evict everything
+/// else). `None` where the filesystem refuses `O_DIRECT` (tmpfs, some FUSE filesystems):
+/// every write is buffered then.
+fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::env::var_os("XPACKFS_MATERIALIZE_BUFFERED").is_some() {
+        return None;
+    }
+    std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok()
+}
+
+/// Write `b` at `off`: the [`DIRECT_ALIGN`]-aligned part through `direct` when there is one
+/// (dropped after a refusal, so later writes go buffered), the rest buffered (asking the
+/// kernel to start its writeback now).
+fn write_at(out: &File, direct: &mut Option<File>, b: &[u8], off: u64, out_path: &Path) -> Result<(), MaterializeError> {
+    let mut done = 0usize;
+    if let Some(d) = direct.as_ref()
+        && off.is_multiple_of(DIRECT_ALIGN as u64)
+        && (b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+    {
+        let n = b.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+        match d.write_all_at(&b[..n], off) {
+            Ok(()) => done = n,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => *direct = None,
+            Err(e) => return Err(io(out_path)(e)),
+        }
+    }
+    if done < b.len() {
+        out.write_all_at(&b[done..], off + done as u64).map_err(io(out_path))?;
+        start_writeback(out, off + done as u64, (b.len() - done) as u64);
+    }
+    Ok(())
+}
+
 /// Read `[start, end)` of `file` through the view and write it at the same offsets of `out`.
-/// Four stages overlap: this thread reads, one thread writes (asking the kernel to start
-/// writeback of each chunk at once), one makes the writes durable every [`SYNC_EVERY`] bytes
-/// (fdatasync, then `durable(bytes known written before it)`) without stalling the writer,
-/// and one hashes, in order. Buffers circulate through a small pool (fresh 8 MiB buffers
-/// would cost a page fault per 4 KiB). `hasher` must be positioned at `start`.
+/// Four stages overlap: this thread reads, one thread writes (direct where aligned, see
+/// [`open_direct`]; else asking the kernel to start writeback of each chunk at once), one
+/// makes the writes durable every [`SYNC_EVERY`] bytes (fdatasync, then `durable(bytes known
+/// written before it)`) without stalling the writer, and one hashes, in order. Buffers
+/// circulate through a small pool (fresh 8 MiB buffers would cost a page fault per 4 KiB).
+/// `hasher` must be positioned at `start`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stream(
     name: &str,
@@ -58,11 +130,12 @@ pub(super) fn stream(
     let chunk = chunk.max(4096);
     // Test hook: a synchronous sync and checkpoint after every chunk (dense kill points).
     let sync_each = std::env::var_os("XPACKFS_TEST_SYNC_EVERY_CHUNK").is_some();
-    let (wtx, wrx) = sync_channel::<(u64, Arc<Vec<u8>>)>(4);
-    let (htx, hrx) = sync_channel::<Arc<Vec<u8>>>(4);
+    let (wtx, wrx) = sync_channel::<(u64, Arc<Buf>)>(4);
+    let (htx, hrx) = sync_channel::<Arc<Buf>>(4);
     let (stx, srx) = sync_channel::<u64>(1);
-    let (pool_tx, pool_rx) = std::sync::mpsc::channel::<Vec<u8>>();
-    let recycle = move |pool: &std::sync::mpsc::Sender<Vec<u8>>, b: Arc<Vec<u8>>| {
+    let (pool_tx, pool_rx) = std::sync::mpsc::channel::<Buf>();
+    let mut direct = open_direct(out_path);
+    let recycle = move |pool: &std::sync::mpsc::Sender<Buf>, b: Arc<Buf>| {
         if let Ok(v) = Arc::try_unwrap(b) {
             let _ = pool.send(v);
         }
@@ -90,8 +163,7 @@ pub(super) fn stream(
             s.spawn(move || -> Result<(), MaterializeError> {
                 let mut since_sync = 0u64;
                 for (off, b) in wrx {
-                    out.write_all_at(&b, off).map_err(io(out_path))?;
-                    start_writeback(out, off, b.len() as u64);
+                    write_at(out, &mut direct, &b, off, out_path)?;
                     let upto = off + b.len() as u64;
                     since_sync += b.len() as u64;
                     recycle(&pool, b);
@@ -115,15 +187,15 @@ pub(super) fn stream(
         let mut read_err = None;
         while off < end {
             let want = ((end - off) as usize).min(chunk);
-            let mut buf = pool_rx.try_recv().unwrap_or_default();
-            buf.resize(want, 0);
-            match file.read_at(off, &mut buf) {
+            let mut buf = pool_rx.try_recv().unwrap_or_else(|_| Buf::new(chunk));
+            buf.set_len(want);
+            match file.read_at(off, buf.as_mut_slice()) {
                 Ok(0) => {
                     read_err = Some(MaterializeError::Refused(format!("{name}: view ended at {off} of {end} bytes")));
                     break;
                 }
                 Ok(n) => {
-                    buf.truncate(n);
+                    buf.set_len(n);
                     let b = Arc::new(buf);
                     if wtx.send((off, b.clone())).is_err() || htx.send(b).is_err() {
                         break; // the writer failed: its error is reported below
@@ -270,4 +342,38 @@ pub(super) fn hash_disk(path: &Path) -> Result<String, MaterializeError> {
     let mut h = RangeHasher::new(0, len, &[]);
     hash_file_range(&f, path, 0, len, &mut h)?;
     Ok(h.finish().0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_writes_land_whole_direct_or_not() {
+        for cap in [1usize, 4096, 8 << 20] {
+            let mut b = Buf::new(cap);
+            b.set_len(cap);
+            assert!((b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN));
+            assert_eq!(b.len(), cap);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let data: Vec<u8> = (0..3 * DIRECT_ALIGN + 123).map(|i| (i * 13 % 251) as u8).collect();
+        for use_direct in [true, false] {
+            let out = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+            let mut direct = if use_direct { open_direct(&path) } else { None };
+            // An aligned write with a tail, then an unaligned one, then one past a hole.
+            let mut b = Buf::new(data.len());
+            b.set_len(2 * DIRECT_ALIGN + 100);
+            b.as_mut_slice().copy_from_slice(&data[..2 * DIRECT_ALIGN + 100]);
+            write_at(&out, &mut direct, &b, 0, &path).unwrap();
+            write_at(&out, &mut direct, &data[2 * DIRECT_ALIGN + 100..3 * DIRECT_ALIGN], (2 * DIRECT_ALIGN + 100) as u64, &path).unwrap();
+            let mut t = Buf::new(DIRECT_ALIGN);
+            t.set_len(123);
+            t.as_mut_slice().copy_from_slice(&data[3 * DIRECT_ALIGN..]);
+            write_at(&out, &mut direct, &t, (3 * DIRECT_ALIGN) as u64, &path).unwrap();
+            out.sync_all().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), data, "direct {use_direct}");
+        }
+    }
 }
