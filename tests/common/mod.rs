@@ -140,6 +140,25 @@ pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Tests that mount need root and `/dev/fuse`: say so plainly instead of failing obscurely
+/// in `mount`. (`cargo test --lib` runs the FUSE-free tests anywhere.)
+pub fn require_fuse() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = Path::new("/dev/fuse").exists();
+    if !root || !fuse {
+        let why = match (root, fuse) {
+            (false, false) => "it runs as uid != 0 and /dev/fuse is missing",
+            (false, true) => "it runs as uid != 0",
+            _ => "/dev/fuse is missing",
+        };
+        panic!(
+            "this test mounts xpackfs for real and needs root and /dev/fuse, but {why}: run the tests as root (bash tools/test.sh, \
+             or sudo -E cargo test), or `cargo test --lib` for the FUSE-free unit tests"
+        );
+    }
+}
+
 /// A live mount in a temporary directory; unmounted (and its daemon awaited) on drop.
 pub struct Mount {
     pub dir: tempfile::TempDir,
@@ -153,6 +172,7 @@ impl Mount {
     }
 
     pub fn try_new(source: &Path, opts: &[&str]) -> Result<Mount, Output> {
+        require_fuse();
         let dir = tempfile::tempdir().unwrap();
         let store = tempfile::tempdir().unwrap();
         let mountpoint = dir.path().join("mnt");
