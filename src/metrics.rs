@@ -129,6 +129,8 @@ struct LatencyInner {
 }
 
 const LATENCY_BUCKETS: usize = 40;
+/// Buckets exported with a finite bound (the encoder makes the counts cumulative).
+const EXPORTED_BUCKETS: usize = 28;
 
 impl Default for LatencyInner {
     fn default() -> Self {
@@ -169,12 +171,10 @@ impl Latency {
 
 impl EncodeMetric for Latency {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // Finite bounds 1 us to 2^(EXPORTED_BUCKETS - 1) us (134 s); everything longer in +Inf.
         let counts = self.counts();
-        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS);
-        for (b, c) in counts.iter().enumerate() {
-            let le = if b == LATENCY_BUCKETS - 1 { f64::INFINITY } else { (1u64 << b) as f64 / 1e6 };
-            buckets.push((le, *c));
-        }
+        let mut buckets: Vec<(f64, u64)> = (0..EXPORTED_BUCKETS).map(|b| ((1u64 << b) as f64 / 1e6, counts[b])).collect();
+        buckets.push((f64::INFINITY, counts[EXPORTED_BUCKETS..].iter().sum()));
         let count = counts.iter().sum();
         let sum = self.0.sum_us.load(Relaxed) as f64 / 1e6;
         encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
@@ -284,6 +284,9 @@ mod tests {
         assert!(text.contains("# TYPE xpackfs_read_latency_seconds histogram\n"), "{text}");
         assert!(text.contains("xpackfs_read_latency_seconds_count 6\n"), "{text}");
         assert!(text.contains("xpackfs_read_latency_seconds_bucket{le=\"+Inf\"} 6\n"), "{text}");
+        assert!(text.contains("xpackfs_read_latency_seconds_bucket{le=\"0.000004\"} 4\n"), "cumulative: {text}");
+        assert!(text.contains("xpackfs_read_latency_seconds_bucket{le=\"134.217728\"} 6\n"), "{text}");
+        assert_eq!(text.matches("xpackfs_read_latency_seconds_bucket").count(), 29);
     }
 
     #[test]
