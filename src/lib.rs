@@ -14,6 +14,7 @@ pub mod codec;
 pub mod digest;
 pub mod fsutil;
 pub mod materialize;
+pub mod metrics;
 pub mod pyjson;
 pub mod serve;
 pub mod source;

@@ -123,8 +123,8 @@ pub fn run(a: MaterializeArgs) -> i32 {
             // Where the computed chunks came from (a warm disk cache: nothing computed).
             let c = &tiers.mem.stats;
             summary["chunks"] = serde_json::json!({
-                "bytes_computed": c.bytes_computed.load(std::sync::atomic::Ordering::Relaxed),
-                "bytes_from_disk": c.bytes_from_disk.load(std::sync::atomic::Ordering::Relaxed),
+                "bytes_computed": c.bytes_computed.get(),
+                "bytes_from_disk": c.bytes_from_disk.get(),
                 "disk_cache": tiers.disk.as_ref().map(|d| d.snapshot()),
             });
             if a.json {

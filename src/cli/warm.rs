@@ -135,7 +135,7 @@ pub fn run(a: WarmArgs) -> i32 {
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"warm": report, "files": files_report, "disk_cache": snap, "bytes_computed": ctx.tiers.mem.stats.bytes_computed.load(Relaxed)})
+                serde_json::json!({"warm": report, "files": files_report, "disk_cache": snap, "bytes_computed": ctx.tiers.mem.stats.bytes_computed.get()})
             );
         } else {
             eprintln!(

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::metrics::metric_set;
 use crate::source::SourceIo;
 use crate::store::{file_entry_key, FileEntries, FileLookup};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
@@ -74,48 +75,91 @@ pub struct Ownership {
     pub mtime: SystemTime,
 }
 
-/// Read counters and a latency histogram (bucket b holds reads of 2^(b-1)..2^b microseconds).
-#[derive(Debug)]
-pub struct Stats {
-    pub reads: AtomicU64,
-    pub bytes_served: AtomicU64,
-    pub read_errors: AtomicU64,
-    pub latency_us: [AtomicU64; 40],
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            reads: AtomicU64::new(0),
-            bytes_served: AtomicU64::new(0),
-            read_errors: AtomicU64::new(0),
-            latency_us: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
+metric_set! {
+    /// Reads of view files through the daemon (status files not counted), registered at the
+    /// top of the registry (`xpackfs_<field>_total`).
+    pub struct ReadCounters / ReadCounts {
+        /// Read requests of view files served through the daemon.
+        reads: Counter,
+        /// Bytes returned to readers of view files.
+        bytes_served: Counter,
+        /// Reads of view files that failed (by errno: `xpackfs_read_errors_by_errno_total`).
+        read_errors: Counter,
+        /// Read requests of handles opened with O_DIRECT (source read with O_DIRECT under source_io=auto).
+        direct_reads: Counter,
+        /// Bytes returned to handles opened with O_DIRECT.
+        direct_bytes: Counter,
     }
 }
 
+/// The read metrics: [`ReadCounters`], bytes served by origin, errors by errno and the
+/// latency histogram.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub counts: ReadCounters,
+    /// Bytes served by origin: `identity` (files made only of source bytes, the expert
+    /// pack), `view` (files with computed parts; which tier each chunk came from is counted
+    /// by the memory tier: `cache` hits, `bytes_from_disk`, `bytes_computed`).
+    pub served_by_origin: crate::metrics::Labelled,
+    /// Failed reads by errno name.
+    pub errors_by_errno: crate::metrics::Labelled,
+    pub latency: crate::metrics::Latency,
+}
+
 impl Stats {
-    fn record(&self, micros: u64) {
-        let b = (64 - micros.leading_zeros()) as usize;
-        self.latency_us[b.min(39)].fetch_add(1, Ordering::Relaxed);
+    /// Every read metric, registered under `registry`'s prefix.
+    pub fn register(&self, registry: &mut crate::metrics::Registry) {
+        self.counts.register(registry);
+        registry.register(
+            "served_bytes",
+            "Bytes returned to readers of view files, by origin: identity (files made only of source bytes) or view (files with computed parts)",
+            self.served_by_origin.clone(),
+        );
+        registry.register("read_errors_by_errno", "Reads of view files that failed, by errno", self.errors_by_errno.clone());
+        registry.register("read_latency_seconds", "Latency of reads of view files (power-of-two buckets)", self.latency.clone());
+    }
+
+    fn record_read(&self, result: Result<usize, i32>, io: SourceIo, identity: bool, micros: u64) {
+        self.latency.record(micros);
+        match result {
+            Ok(n) => {
+                self.counts.bytes_served.inc_by(n as u64);
+                self.served_by_origin.get_or_create(&[("origin", if identity { "identity" } else { "view" })]).inc_by(n as u64);
+                if io == SourceIo::Direct {
+                    self.counts.direct_bytes.inc_by(n as u64);
+                }
+            }
+            Err(errno) => {
+                self.counts.read_errors.inc();
+                self.errors_by_errno.get_or_create(&[("errno", errno_name(errno))]).inc();
+            }
+        }
     }
 
     /// Upper bound (microseconds) of the bucket holding quantile `q` of recorded reads.
     pub fn latency_quantile(&self, q: f64) -> u64 {
-        let counts: Vec<u64> = self.latency_us.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-        let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return 0;
-        }
-        let want = ((total as f64) * q).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (b, c) in counts.iter().enumerate() {
-            seen += c;
-            if seen >= want {
-                return if b == 0 { 0 } else { 1u64 << b };
-            }
-        }
-        u64::MAX
+        self.latency.quantile(q)
+    }
+}
+
+/// The symbolic name of the errno values a read can give.
+fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EIO => "EIO",
+        libc::ENOENT => "ENOENT",
+        libc::EISDIR => "EISDIR",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EROFS => "EROFS",
+        libc::EINVAL => "EINVAL",
+        libc::ENOMEM => "ENOMEM",
+        libc::EAGAIN => "EAGAIN",
+        libc::EINTR => "EINTR",
+        libc::EBADF => "EBADF",
+        libc::EFAULT => "EFAULT",
+        libc::ENOSPC => "ENOSPC",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::ESTALE => "ESTALE",
+        _ => "other",
     }
 }
 
@@ -346,20 +390,16 @@ impl Fs {
             }
             NodeKind::Dir { .. } => return Err(FsError::IsDir(ino)),
         };
-        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.stats.counts.reads.inc();
+        if io == SourceIo::Direct {
+            self.stats.counts.direct_reads.inc();
+        }
         let started = std::time::Instant::now();
         let result = if piece == 0 || buf.len() <= piece { f.read_at_io(offset, buf, io) } else { read_in_pieces(f, offset, buf, io, piece) };
-        self.stats.record(started.elapsed().as_micros() as u64);
-        match result {
-            Ok(n) => {
-                self.stats.bytes_served.fetch_add(n as u64, Ordering::Relaxed);
-                Ok(n)
-            }
-            Err(source) => {
-                self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
-                Err(FsError::Read { path: node.name.clone(), source })
-            }
-        }
+        let result = result.map_err(|source| FsError::Read { path: node.name.clone(), source });
+        let micros = started.elapsed().as_micros() as u64;
+        self.stats.record_read(result.as_ref().map(|n| *n).map_err(FsError::errno), io, f.is_identity(), micros);
+        result
     }
 }
 
@@ -460,13 +500,19 @@ mod tests {
     }
 
     #[test]
-    fn latency_quantiles() {
+    fn read_metrics() {
         let s = Stats::default();
-        for us in [1u64, 3, 3, 3, 100, 5000] {
-            s.record(us);
+        s.record_read(Ok(10), SourceIo::Buffered, true, 3);
+        s.record_read(Ok(5), SourceIo::Direct, false, 100);
+        s.record_read(Err(libc::EIO), SourceIo::Buffered, false, 5000);
+        let c = s.counts.snapshot();
+        assert_eq!((c.bytes_served, c.direct_bytes, c.read_errors), (15, 5, 1));
+        assert_eq!(s.latency_quantile(0.5), 128);
+        let mut r = crate::metrics::Registry::with_prefix("xpackfs");
+        s.register(&mut r);
+        let text = crate::metrics::render(&r);
+        for line in ["xpackfs_bytes_served_total 15\n", "xpackfs_served_bytes_total{origin=\"identity\"} 10\n", "xpackfs_served_bytes_total{origin=\"view\"} 5\n", "xpackfs_read_errors_by_errno_total{errno=\"EIO\"} 1\n", "xpackfs_read_latency_seconds_count 3\n"] {
+            assert!(text.contains(line), "{line} not in {text}");
         }
-        assert_eq!(s.latency_quantile(0.5), 4);
-        assert_eq!(s.latency_quantile(0.99), 8192);
-        assert_eq!(Stats::default().latency_quantile(0.5), 0);
     }
 }

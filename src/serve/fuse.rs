@@ -151,7 +151,7 @@ impl Filesystem for FuseAdapter {
     fn destroy(&mut self) {
         if self.passthrough_files || self.fs.file_entries().is_some() {
             let n = self.passthrough.opens.load(Ordering::Relaxed);
-            let reads = self.fs.stats.reads.load(Ordering::Relaxed);
+            let reads = self.fs.stats.counts.reads.get();
             tracing::info!("passthrough: {n} opens served by the kernel from backing files; {reads} reads through the daemon");
         }
         tracing::info!("unmounted {}", self.mount_path.display());

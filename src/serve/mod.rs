@@ -10,6 +10,7 @@
 pub mod daemon;
 pub mod fs;
 pub mod fuse;
+pub mod metrics;
 pub mod options;
 pub mod passthrough;
 pub mod pools;
@@ -44,6 +45,9 @@ pub enum MountError {
     /// A read pool's threads could not be started.
     #[error("read pool threads: {0}")]
     Threads(String),
+    /// The metrics endpoint (`metrics=ADDR:PORT`) could not listen on its address.
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics { addr: std::net::SocketAddr, source: std::io::Error },
 }
 
 /// Where the kernel mounts: the canonical mountpoint, which must be a directory, or
@@ -154,6 +158,11 @@ pub fn mount(
     if want_stats {
         let hidden = tree.add_dir(crate::view::ROOT_INO, ".xpackfs");
         tree.add_dynamic(hidden, "stats.json", stats_json.clone());
+    }
+    if let Some(addr) = opts.metrics {
+        // Bound before mounting: an address in use refuses the mount, and mounts nothing.
+        let registry = metrics::registry(&stats, tiers.clone(), tree.vfiles().count(), files.clone(), passthrough.clone());
+        metrics::serve(addr, Arc::new(registry)).map_err(|e| MountError::Metrics { addr, source: e })?;
     }
     let fs = Arc::new(Fs::with_stats(tree, owner, stats).with_file_entries(files));
     {
@@ -288,7 +297,8 @@ fn start_prewarm(files: Vec<(String, Arc<crate::view::VirtualFile>)>, tiers: Arc
     }
 }
 
-/// `/.xpackfs/stats.json`: counters of the mount, generated at each read.
+/// `/.xpackfs/stats.json`: counters of the mount, generated at each read from the same
+/// metrics the Prometheus endpoint renders ([`metrics::registry`]).
 fn stats_content(
     stats: Arc<fs::Stats>,
     tiers: Arc<Tiers>,
@@ -299,13 +309,20 @@ fn stats_content(
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     Arc::new(move || {
+        let counts = stats.counts.snapshot();
         let v = serde_json::json!({
             "uptime_s": started.elapsed().as_secs_f64(),
             "codec_simd": crate::codec::simd::describe(),
             "files": files,
-            "reads": stats.reads.load(Relaxed),
-            "bytes_served": stats.bytes_served.load(Relaxed),
-            "read_errors": stats.read_errors.load(Relaxed),
+            "reads": counts.reads,
+            "bytes_served": counts.bytes_served,
+            "read_errors": counts.read_errors,
+            "direct_reads": counts.direct_reads,
+            "direct_bytes": counts.direct_bytes,
+            "bytes_served_by_origin": {
+                "identity": stats.served_by_origin.get(&[("origin", "identity")]).map_or(0, |c| c.get()),
+                "view": stats.served_by_origin.get(&[("origin", "view")]).map_or(0, |c| c.get()),
+            },
             "read_latency_us": {
                 "p50": stats.latency_quantile(0.50),
                 "p90": stats.latency_quantile(0.90),

@@ -3,6 +3,7 @@
 //! `mount -t fuse.xpackfs`), mapped onto the same struct. View options are the view layer's
 //! ([`crate::view::ViewOptions`]).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::util::args::{int_in, switch};
@@ -81,6 +82,11 @@ pub struct ServeOptions {
     /// else: kt-int8 and INT8 trees)
     #[arg(long, value_parser = switch, help_heading = "Serving")]
     pub stats: Option<bool>,
+    /// ADDR:PORT: serve Prometheus metrics (OpenMetrics text) at http://ADDR:PORT/metrics,
+    /// listening on exactly this address, an IP literal (127.0.0.1:9100, [::1]:9100; all
+    /// interfaces only if given as 0.0.0.0). Off by default
+    #[arg(long, value_name = "ADDR:PORT", value_parser = metrics_addr, help_heading = "Serving")]
+    pub metrics: Option<SocketAddr>,
     /// Let other users access the mount
     #[arg(long, help_heading = "Access")]
     pub allow_other: bool,
@@ -124,6 +130,14 @@ fn direct_piece_kb(s: &str) -> Result<usize, String> {
         v @ (0 | 4..=1024) => Ok(v),
         v => Err(format!("{v} must be 0 or from 4 to 1024")),
     }
+}
+
+fn metrics_addr(s: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = s.parse().map_err(|_| format!("{s:?} is not IP:PORT (e.g. 127.0.0.1:9100 or [::1]:9100)"))?;
+    if addr.port() == 0 {
+        return Err(format!("{s:?}: the port must not be 0"));
+    }
+    Ok(addr)
 }
 
 fn passthrough(s: &str) -> Result<bool, String> {

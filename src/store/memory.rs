@@ -17,33 +17,44 @@ use lru::LruCache;
 use parking_lot::{Condvar, Mutex};
 
 use super::ChunkError;
+use crate::metrics::metric_set;
 
 /// (producer id, chunk id).
 pub type Key = (u64, u64);
 
-#[derive(Debug, Default)]
-pub struct CacheStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub waits: AtomicU64,
-    /// Bytes of chunks computed by this process.
-    pub bytes_computed: AtomicU64,
-    /// Bytes of chunks read back from the disk cache.
-    pub bytes_from_disk: AtomicU64,
-    pub evictions: AtomicU64,
+metric_set! {
+    /// The memory tier's counters (`xpackfs_cache_<field>_total`).
+    pub struct CacheStats / CacheCounts {
+        /// Chunks found in memory.
+        hits: Counter,
+        /// Chunks not in memory, loaded from disk or computed.
+        misses: Counter,
+        /// Reads that waited for a load of the same chunk by another reader (single-flight).
+        waits: Counter,
+        /// Chunks evicted from memory to stay within its budget.
+        evictions: Counter,
+        /// Bytes of chunks computed by this process.
+        bytes_computed: Counter,
+        /// Bytes of chunks read back from the disk cache.
+        bytes_from_disk: Counter,
+    }
 }
 
-/// The memory tier's counters at one moment, for `.xpackfs/stats.json`.
+/// The memory tier's counters at one moment, for `.xpackfs/stats.json`: its budget and
+/// size, then every counter of [`CacheStats`] (reached through `Deref`, serialised flat).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CacheSnapshot {
     pub budget_bytes: usize,
     pub bytes: usize,
-    pub hits: u64,
-    pub misses: u64,
-    pub waits: u64,
-    pub evictions: u64,
-    pub bytes_computed: u64,
-    pub bytes_from_disk: u64,
+    #[serde(flatten)]
+    pub counts: CacheCounts,
+}
+
+impl std::ops::Deref for CacheSnapshot {
+    type Target = CacheCounts;
+    fn deref(&self) -> &CacheCounts {
+        &self.counts
+    }
 }
 
 /// Where a chunk entering the cache comes from, for the counters.
@@ -106,17 +117,7 @@ impl<E> ChunkCache<E> {
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {
-        let s = &self.stats;
-        CacheSnapshot {
-            budget_bytes: self.budget(),
-            bytes: self.bytes(),
-            hits: s.hits.load(Ordering::Relaxed),
-            misses: s.misses.load(Ordering::Relaxed),
-            waits: s.waits.load(Ordering::Relaxed),
-            evictions: s.evictions.load(Ordering::Relaxed),
-            bytes_computed: s.bytes_computed.load(Ordering::Relaxed),
-            bytes_from_disk: s.bytes_from_disk.load(Ordering::Relaxed),
-        }
+        CacheSnapshot { budget_bytes: self.budget(), bytes: self.bytes(), counts: self.stats.snapshot() }
     }
 
     fn lookup(&self, key: &Key) -> Option<Arc<[u8]>> {
@@ -126,7 +127,7 @@ impl<E> ChunkCache<E> {
     /// The chunk at `key` if it is cached: counted as a hit and made most recently used.
     pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
         let v = self.lookup(key)?;
-        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.stats.hits.inc();
         Some(v)
     }
 
@@ -144,7 +145,7 @@ impl<E> ChunkCache<E> {
             Origin::Disk => &self.stats.bytes_from_disk,
             Origin::Counted => return,
         };
-        stat.fetch_add(len as u64, Ordering::Relaxed);
+        stat.inc_by(len as u64);
     }
 
     fn insert(&self, key: Key, value: Arc<[u8]>) {
@@ -160,7 +161,7 @@ impl<E> ChunkCache<E> {
             match lru.map.pop_lru() {
                 Some((_, v)) => {
                     lru.bytes -= v.len();
-                    self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.stats.evictions.inc();
                 }
                 None => break,
             }
@@ -187,7 +188,7 @@ impl<E: ChunkError> ChunkCache<E> {
             let mut inflight = self.inflight.lock();
             // Re-check under the in-flight lock: a computation may have just finished.
             if let Some(v) = self.lookup(&key) {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.hits.inc();
                 return Ok(v);
             }
             match inflight.get(&key) {
@@ -200,7 +201,7 @@ impl<E: ChunkError> ChunkCache<E> {
             }
         };
         if !leader {
-            self.stats.waits.fetch_add(1, Ordering::Relaxed);
+            self.stats.waits.inc();
             let mut done = slot.0.lock();
             while done.is_none() {
                 slot.1.wait(&mut done);
@@ -211,7 +212,7 @@ impl<E: ChunkError> ChunkCache<E> {
                 None => Err(E::internal("chunk computation ended without a result".into())),
             };
         }
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        self.stats.misses.inc();
         // A panic in `load` must not leave waiters hanging.
         let result: Result<Arc<[u8]>, Arc<E>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
             .unwrap_or_else(|_| Err(E::internal("chunk computation panicked".into())))
@@ -291,7 +292,7 @@ mod tests {
             }
         });
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert!(c.stats.waits.load(Ordering::Relaxed) >= 1);
+        assert!(c.stats.waits.get() >= 1);
     }
 
     #[test]
@@ -310,9 +311,9 @@ mod tests {
         c.get_or_load((1, 3), || Ok((Arc::from(vec![0; 40]), Origin::Counted))).unwrap();
         c.put((1, 4), Arc::from(vec![0; 80]), Origin::Computed);
         assert!(c.peek(&(1, 4)) && !c.peek(&(1, 5)));
-        assert_eq!(c.stats.hits.load(Ordering::Relaxed), 0, "peek counts nothing");
+        assert_eq!(c.stats.hits.get(), 0, "peek counts nothing");
         assert!(c.get(&(1, 2)).is_some());
         let s = &c.stats;
-        assert_eq!((s.bytes_computed.load(Ordering::Relaxed), s.bytes_from_disk.load(Ordering::Relaxed), s.hits.load(Ordering::Relaxed)), (90, 20, 1));
+        assert_eq!((s.bytes_computed.get(), s.bytes_from_disk.get(), s.hits.get()), (90, 20, 1));
     }
 }

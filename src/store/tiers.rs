@@ -305,9 +305,9 @@ mod tests {
         assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         settle(&t.pool);
-        assert_eq!(t.mem.stats.bytes_computed.load(Relaxed), 1000, "computed bytes counted once");
+        assert_eq!(t.mem.stats.bytes_computed.get(), 1000, "computed bytes counted once");
         assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(3)[..]);
-        assert_eq!((fx.calls.load(Relaxed), t.mem.stats.hits.load(Relaxed)), (1, 1));
+        assert_eq!((fx.calls.load(Relaxed), t.mem.stats.hits.get()), (1, 1));
         let d = t.disk.as_ref().unwrap().snapshot();
         assert_eq!((d.writes, d.hits), (1, 0));
 
@@ -315,7 +315,7 @@ mod tests {
         let t2 = fx.tiers();
         assert_eq!(&*t2.get(&fx.chunk(3), 0, Priority::Read).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
-        assert_eq!(t2.mem.stats.bytes_computed.load(Relaxed), 0);
+        assert_eq!(t2.mem.stats.bytes_computed.get(), 0);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 1);
 
         // A damaged entry: recomputed, right bytes, rewritten.
@@ -348,7 +348,7 @@ mod tests {
             assert_eq!(&*t.get(&g, i, Priority::Read).unwrap(), &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
-        assert_eq!(t.mem.stats.bytes_computed.load(Relaxed), 303);
+        assert_eq!(t.mem.stats.bytes_computed.get(), 303);
         let t2 = fx.tiers();
         let g2 = group(fx.calls.clone());
         for i in [2, 0, 1] {
@@ -372,7 +372,7 @@ mod tests {
         }
         assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(5)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
-        assert!(t.mem.stats.hits.load(Relaxed) >= 1);
+        assert!(t.mem.stats.hits.get() >= 1);
 
         // A prefetch stuck at background priority (it holds the memory cache's single-flight
         // for that chunk): a reader gets the chunk from a read-priority run.
@@ -452,7 +452,7 @@ mod tests {
             assert_eq!(&*t3.get(g, 0, Priority::Read).unwrap(), &expect(i as u64)[..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 10);
-        assert_eq!(t3.mem.stats.bytes_computed.load(Relaxed), 0);
+        assert_eq!(t3.mem.stats.bytes_computed.get(), 0);
 
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
         assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), TestError::Option { option: "disk_cache", .. }));
@@ -476,7 +476,7 @@ mod tests {
         settle(&t.pool);
         let d = t.disk.as_ref().unwrap().snapshot();
         assert_eq!((d.writes, d.misses, d.size_bytes), (0, 0, 0));
-        assert_eq!(t.mem.stats.bytes_computed.load(Relaxed), 64);
+        assert_eq!(t.mem.stats.bytes_computed.get(), 64);
         assert_eq!(fx.calls.load(Relaxed), 1);
     }
 

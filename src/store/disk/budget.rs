@@ -8,7 +8,6 @@ use std::fs::{self, File};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
 use super::{DiskCache, Mode};
@@ -98,8 +97,8 @@ impl DiskCache {
                         }
                         total -= size;
                         report.evicted += 1;
-                        self.stats.evictions.fetch_add(1, Relaxed);
-                        self.stats.evicted_bytes.fetch_add(*size, Relaxed);
+                        self.stats.evictions.inc();
+                        self.stats.evicted_bytes.inc_by(*size);
                     }
                     Err(e) if e.kind() == ErrorKind::NotFound => total -= size,
                     Err(e) => self.warn("evict", || format!("cannot evict {}: {e}", path.display())),
@@ -164,7 +163,7 @@ impl DiskCache {
             let path = t.path();
             let Ok(f) = File::open(&path) else { continue };
             if f.try_lock().is_ok() && fs::remove_file(&path).is_ok() {
-                self.stats.stale_temps.fetch_add(1, Relaxed);
+                self.stats.stale_temps.inc();
             }
         }
     }

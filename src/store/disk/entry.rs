@@ -7,7 +7,6 @@ use std::fs::{self, File};
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -46,20 +45,20 @@ impl DiskCache {
         let file = self.open_or_miss(&path, &self.stats.misses)?;
         match read_entry(&file, key) {
             Ok((bytes, mtime)) => {
-                self.stats.hits.fetch_add(1, Relaxed);
-                self.stats.bytes_read.fetch_add(bytes.len() as u64, Relaxed);
+                self.stats.hits.inc();
+                self.stats.bytes_read.inc_by(bytes.len() as u64);
                 self.touch(&file, mtime);
                 Some(bytes)
             }
             Err(Bad::Corrupt(why)) => {
-                self.stats.corrupt.fetch_add(1, Relaxed);
-                self.stats.misses.fetch_add(1, Relaxed);
+                self.stats.corrupt.inc();
+                self.stats.misses.inc();
                 tracing::warn!("disk cache entry {} is corrupt ({why}): deleted, the chunk will be recomputed", path.display());
                 self.remove_if_same(&path, &file);
                 None
             }
             Err(Bad::Io(e)) => {
-                self.stats.misses.fetch_add(1, Relaxed);
+                self.stats.misses.inc();
                 self.warn("read", || format!("{}: {e}", path.display()));
                 None
             }
@@ -86,22 +85,22 @@ impl DiskCache {
     pub fn put(&self, key: &DiskKey, bytes: &[u8]) -> bool {
         let total = HEADER_BYTES + bytes.len() as u64;
         if self.mode() != Mode::ReadWrite || self.paused() || bytes.len() as u64 > MAX_ENTRY_BYTES || total > self.cfg.budget_bytes {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            self.stats.skipped_writes.inc();
             return false;
         }
         let path = self.entry_path(key);
         if fs::metadata(&path).is_ok_and(|m| m.len() == total) {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            self.stats.skipped_writes.inc();
             return true; // another writer (or process) was first
         }
         let Some(before) = self.add_usage(total as i64) else {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            self.stats.skipped_writes.inc();
             return false;
         };
         match self.write_entry(key, bytes, &path) {
             Ok(()) => {
-                self.stats.writes.fetch_add(1, Relaxed);
-                self.stats.bytes_written.fetch_add(total, Relaxed);
+                self.stats.writes.inc();
+                self.stats.bytes_written.inc_by(total);
             }
             Err(e) => {
                 self.add_usage(-(total as i64));

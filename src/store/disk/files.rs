@@ -28,7 +28,6 @@ use std::hash::Hasher;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
 use twox_hash::{XxHash3_128, XxHash3_64};
@@ -194,10 +193,10 @@ impl DiskCache {
         })();
         match result {
             Ok((data, used, resealed)) => {
-                self.stats.file_hits.fetch_add(1, Relaxed);
+                self.stats.file_hits.inc();
                 match resealed {
                     Some(seal) => {
-                        self.stats.file_rechecks.fetch_add(1, Relaxed);
+                        self.stats.file_rechecks.inc();
                         tracing::info!("disk cache file entry {}: changed since it was sealed, every block checked good", data_path.display());
                         if self.mode() == Mode::ReadWrite
                             && let Err(e) = self.write_seal(&seal, &seal_path)
@@ -210,12 +209,12 @@ impl DiskCache {
                 FileLookup::Sound(data)
             }
             Err(why) if why == OTHER_SIZE || why == GONE => {
-                self.stats.file_misses.fetch_add(1, Relaxed);
+                self.stats.file_misses.inc();
                 FileLookup::Absent
             }
             Err(why) => {
-                self.stats.corrupt.fetch_add(1, Relaxed);
-                self.stats.file_misses.fetch_add(1, Relaxed);
+                self.stats.corrupt.inc();
+                self.stats.file_misses.inc();
                 tracing::warn!("disk cache file entry {} is corrupt ({why}): deleted, the file is served from its chunks", data_path.display());
                 if self.mode() == Mode::ReadWrite {
                     self.remove_file_entry(key, seal_ino, data_ino);
@@ -256,7 +255,7 @@ impl DiskCache {
     /// Failures (of the cache or of `fill`) are warnings, never errors.
     pub fn put_file(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> bool {
         if self.mode() != Mode::ReadWrite || self.paused() || size > MAX_FILE_BYTES || size + seal_len(size) > self.cfg.budget_bytes {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            self.stats.skipped_writes.inc();
             return false;
         }
         if self.has_file(key, size) {
@@ -264,13 +263,13 @@ impl DiskCache {
         }
         let total = size + seal_len(size);
         let Some(before) = self.add_usage(total as i64) else {
-            self.stats.skipped_writes.fetch_add(1, Relaxed);
+            self.stats.skipped_writes.inc();
             return false;
         };
         match self.write_file_entry(key, size, fill) {
             Ok(()) => {
-                self.stats.file_writes.fetch_add(1, Relaxed);
-                self.stats.bytes_written.fetch_add(total, Relaxed);
+                self.stats.file_writes.inc();
+                self.stats.bytes_written.inc_by(total);
             }
             Err(e) => {
                 self.add_usage(-(total as i64));

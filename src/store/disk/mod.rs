@@ -59,7 +59,7 @@ pub use budget::EvictReport;
 pub use entry::{HEADER_BYTES, MAX_ENTRY_BYTES};
 pub use files::{seal_len, FileLookup};
 pub use keys::{source_file_key, source_file_keys, DiskKey, KeyBuilder, ProducerKey};
-pub use stats::{DiskStats, DiskStatsSnapshot};
+pub use stats::{DiskCounts, DiskStats, DiskStatsSnapshot};
 
 /// Writes are paused this long after the filesystem reported it is full.
 const FULL_PAUSE: Duration = Duration::from_secs(30);
@@ -240,13 +240,13 @@ impl DiskCache {
 
     /// `path` open for reading, or a miss counted in `misses` (absent; any other failure is
     /// also a warning).
-    fn open_or_miss(&self, path: &Path, misses: &AtomicU64) -> Option<File> {
+    fn open_or_miss(&self, path: &Path, misses: &crate::metrics::Counter) -> Option<File> {
         File::open(path)
             .map_err(|e| {
                 if e.kind() != ErrorKind::NotFound {
                     self.warn("open", || format!("{}: {e}", path.display()));
                 }
-                misses.fetch_add(1, Relaxed);
+                misses.inc();
             })
             .ok()
     }
@@ -278,7 +278,7 @@ impl DiskCache {
     }
 
     fn write_failed(&self, e: &io::Error) {
-        self.stats.write_errors.fetch_add(1, Relaxed);
+        self.stats.write_errors.inc();
         match e.raw_os_error() {
             Some(libc::ENOSPC | libc::EDQUOT) => {
                 let until = self.epoch.elapsed() + FULL_PAUSE;
@@ -435,7 +435,7 @@ mod tests {
             damage(&c.entry_path(&k), &other);
             let fresh = DiskCache::open(cfg(dir.path(), 1 << 30));
             assert!(fresh.get(&k).is_none(), "{what}: served");
-            assert_eq!(fresh.stats.corrupt.load(Relaxed), 1, "{what}: not counted");
+            assert_eq!(fresh.stats.corrupt.get(), 1, "{what}: not counted");
             assert!(!fresh.entry_path(&k).exists(), "{what}: not deleted");
             assert!(fresh.put(&k, &payload(i as u64, len)));
             assert_eq!(&*fresh.get(&k).unwrap(), &payload(i as u64, len)[..], "{what}: rewritten");
@@ -444,7 +444,7 @@ mod tests {
         fs::remove_file(c.entry_path(&key(0))).unwrap();
         let fresh = DiskCache::open(cfg(dir.path(), 1 << 30));
         assert!(fresh.get(&key(0)).is_none());
-        assert_eq!(fresh.stats.corrupt.load(Relaxed), 0);
+        assert_eq!(fresh.stats.corrupt.get(), 0);
         // The counter was kept right through all this (deleted bad entries subtracted); an
         // entry removed behind the cache's back is repaired by the next recount.
         fresh.evict(true);
@@ -507,7 +507,7 @@ mod tests {
         fs::write(dir.path().join("usage"), u64::MAX.to_le_bytes()).unwrap();
         assert!(c.put(&key(10), &payload(10, 1000)));
         // The over-budget counter made the writer recount: nothing was evicted.
-        assert_eq!(c.stats.evictions.load(Relaxed), 0);
+        assert_eq!(c.stats.evictions.get(), 0);
         assert_eq!(c.size_bytes(), on_disk(dir.path()).0);
         // A lost counter is recounted at open.
         fs::remove_file(dir.path().join("usage")).unwrap();
@@ -527,7 +527,7 @@ mod tests {
         let c = DiskCache::open(cfg(dir.path(), 1 << 20));
         assert!(!dead.exists());
         assert!(live_path.exists(), "a writer's file was removed under it");
-        assert_eq!(c.stats.stale_temps.load(Relaxed), 1);
+        assert_eq!(c.stats.stale_temps.get(), 1);
         drop(live);
         c.evict(true);
         assert!(!live_path.exists());
@@ -576,7 +576,7 @@ mod tests {
             assert!(bytes <= budget + 8 * (entry as u64 + HEADER_BYTES), "{bytes} over {budget}");
         }
         assert!(hits > 0);
-        assert_eq!(c.stats.corrupt.load(Relaxed), 0);
+        assert_eq!(c.stats.corrupt.get(), 0);
     }
 
     fn child(test: &str, env: &[(&str, String)]) -> Command {
@@ -740,8 +740,8 @@ mod tests {
             kid.wait().unwrap();
             let had_temps = temps(dir.path());
             let c = DiskCache::open(cfg(dir.path(), 1 << 40));
-            stale += c.stats.stale_temps.load(Relaxed);
-            assert_eq!(c.stats.stale_temps.load(Relaxed) as usize, had_temps);
+            stale += c.stats.stale_temps.get();
+            assert_eq!(c.stats.stale_temps.get() as usize, had_temps);
             assert_eq!(temps(dir.path()), 0);
             let mut base = payload(0, entry);
             let mut present = 0;
@@ -758,7 +758,7 @@ mod tests {
                 present += 1;
             }
             assert!(present > round);
-            assert_eq!(c.stats.corrupt.load(Relaxed), 0);
+            assert_eq!(c.stats.corrupt.get(), 0);
         }
         eprintln!("kills during a write: {stale} of 12");
         // The kills did land mid-write (a write of 4 MiB is most of the writer's loop).
@@ -877,9 +877,9 @@ mod tests {
             }
         }
         assert!(!stored.is_empty() && stored.len() < 10, "{stored:?}");
-        assert_eq!(c.stats.write_errors.load(Relaxed), 1);
+        assert_eq!(c.stats.write_errors.get(), 1);
         assert!(!c.put(&key(100), b"small enough to fit"), "writes are paused");
-        assert_eq!(c.stats.write_errors.load(Relaxed), 1);
+        assert_eq!(c.stats.write_errors.get(), 1);
         for &i in &stored {
             assert_eq!(&*c.get(&key(i)).unwrap(), &payload(i, 300_000)[..]);
         }
