@@ -299,11 +299,13 @@ struct Stream {
     end: u64,
 }
 
-/// A job in progress: its buffer (`buf` holds the file's bytes from `buf_off`), the range
-/// stream and the current slice stream.
+/// A job in progress: its buffer (`buf[..buf_len]` holds the file's bytes from `buf_off`;
+/// the buffer is reused from finished jobs, never zeroed again), the range stream and the
+/// current slice stream.
 struct Active {
     job: Job,
     buf: Vec<u8>,
+    buf_len: usize,
     buf_off: u64,
     whole: Option<Stream>,
     whole_sha: Option<String>,
@@ -313,7 +315,7 @@ struct Active {
 
 impl Active {
     fn buf_end(&self) -> u64 {
-        self.buf_off + self.buf.len() as u64
+        self.buf_off + self.buf_len as u64
     }
 
     /// Whole blocks stream `s` can take from the buffer now.
@@ -329,8 +331,12 @@ impl Active {
         let from = [self.whole, self.slice].iter().flatten().map(|s| s.pos).min().unwrap_or(self.job.end);
         let upto = [self.whole, self.slice].iter().flatten().map(|s| s.pos).max().unwrap_or(from);
         let len = ((upto - from) as usize + BUF).min((self.job.end - from) as usize);
-        self.buf.resize(len, 0);
-        self.job.file.read_exact_at(&mut self.buf, from)?;
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
+        }
+        self.buf_len = 0;
+        self.job.file.read_exact_at(&mut self.buf[..len], from)?;
+        self.buf_len = len;
         self.buf_off = from;
         Ok(())
     }
@@ -350,11 +356,14 @@ pub struct Engine {
     states: States,
     /// Pointer for each lane at the next run; inactive lanes read `dummy`.
     dummy: [u8; 64],
+    /// Buffers of finished jobs, for the next ones (a fresh buffer costs a page fault per
+    /// 4 KiB and a memset).
+    spare: Vec<Vec<u8>>,
 }
 
 impl Engine {
     pub fn new(kernel: Kernel) -> Engine {
-        Engine { kernel, states: [[0; LANES]; 8], dummy: [0; 64] }
+        Engine { kernel, states: [[0; LANES]; 8], dummy: [0; 64], spare: Vec::new() }
     }
 
     fn set_lane(&mut self, lane: usize, s: [u32; 8]) {
@@ -401,7 +410,8 @@ impl Engine {
                 if let Some(s) = slice {
                     self.set_lane(s.lane, IV);
                 }
-                active.push(Active { job, buf: Vec::new(), buf_off: 0, whole: Some(whole), whole_sha: None, slice, slices: Vec::new() });
+                let buf = self.spare.pop().unwrap_or_default();
+                active.push(Active { job, buf, buf_len: 0, buf_off: 0, whole: Some(whole), whole_sha: None, slice, slices: Vec::new() });
             }
             if active.is_empty() {
                 return Ok(());
@@ -452,6 +462,7 @@ impl Engine {
             while i < active.len() {
                 if active[i].done() {
                     let a = active.swap_remove(i);
+                    self.spare.push(a.buf);
                     done(Done { tag: a.job.tag, sha256: a.whole_sha.unwrap_or_default(), slices: a.slices });
                 } else {
                     i += 1;
