@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::source::SourceIo;
-use crate::store::{file_entry_key, FileEntries, FileLookup};
+use crate::store::{file_entry_key, FileEntries, FileLookup, ReadCtx};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,17 +322,12 @@ impl Fs {
         })
     }
 
-    /// Read into `buf` through handle `fh`, source bytes read buffered; returns the byte count
-    /// (short only at end of file).
-    pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
-        self.read_pieces(ino, fh, offset, buf, SourceIo::Buffered, 0)
-    }
-
-    /// [`Fs::read`] with source bytes read as `io` says (the handle's source I/O mode), and a
-    /// request larger than `piece` bytes (if not 0) read as pieces at once on the current
+    /// Read into `buf` through handle `fh` as `ctx` says (a client's read, direct I/O as its
+    /// handle reads the source); returns the byte count (short only at end of file). A
+    /// request larger than `piece` bytes (if not 0) is read as pieces at once on the current
     /// rayon pool (cut at piece-aligned offsets): one request then keeps several device reads
     /// in flight. Same bytes, count and errors as one read.
-    pub fn read_pieces(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, FsError> {
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let f = match &node.kind {
             NodeKind::File(f) => f,
@@ -348,7 +342,7 @@ impl Fs {
         };
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let result = if piece == 0 || buf.len() <= piece { f.read_at_io(offset, buf, io) } else { read_in_pieces(f, offset, buf, io, piece) };
+        let result = if piece == 0 || buf.len() <= piece { f.read_at(offset, buf, ctx) } else { read_in_pieces(f, offset, buf, ctx, piece) };
         self.stats.record(started.elapsed().as_micros() as u64);
         match result {
             Ok(n) => {
@@ -363,8 +357,8 @@ impl Fs {
     }
 }
 
-/// `f.read_at_io` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
-fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, ViewError> {
+/// `f.read_at` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
+fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, ViewError> {
     let want = (buf.len() as u64).min(f.size().saturating_sub(offset)) as usize;
     let mut pieces = Vec::new();
     let (mut rest, mut pos) = (&mut buf[..want], offset);
@@ -377,7 +371,7 @@ fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], io:
     }
     rayon::scope(|s| {
         for (pos, out, result) in pieces.iter_mut() {
-            s.spawn(move |_| *result = f.read_at_io(*pos, out, io));
+            s.spawn(move |_| *result = f.read_at(*pos, out, ctx));
         }
     });
     pieces.into_iter().try_fold(0, |n, (_, _, r)| Ok(n + r?))
@@ -407,7 +401,7 @@ mod tests {
         let names: Vec<String> = fs.readdir(ROOT_INO).unwrap().into_iter().map(|e| e.2).collect();
         assert_eq!(names, [".", "..", "b", "sub"]);
         let mut buf = [0u8; 10];
-        assert_eq!(fs.read(a.ino, NO_HANDLE, 1, &mut buf).unwrap(), 4);
+        assert_eq!(fs.read(a.ino, NO_HANDLE, 1, &mut buf, ReadCtx::CLIENT, 0).unwrap(), 4);
         assert_eq!(&buf[..4], b"ello");
         assert_eq!(fs.lookup(ROOT_INO, "zz").unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.lookup(a.ino, "x").unwrap_err().errno(), libc::ENOTDIR);
@@ -428,7 +422,7 @@ mod tests {
         let mut buf = [0u8; 3];
         let mut got = Vec::new();
         for off in (0..12).step_by(3) {
-            let k = fs.read(ino, fh, off, &mut buf).unwrap();
+            let k = fs.read(ino, fh, off, &mut buf, ReadCtx::CLIENT, 0).unwrap();
             got.extend_from_slice(&buf[..k]);
         }
         // Each read renders anew (counter + 1) unless the handle's snapshot is used.
@@ -436,7 +430,7 @@ mod tests {
         assert_eq!(got, format!("render {}", rendered - 1).into_bytes());
         fs.release(fh);
         let fh = fs.open(ino, libc::O_RDONLY).unwrap();
-        assert_eq!(fs.read(ino, fh, 7, &mut buf).unwrap(), 1);
+        assert_eq!(fs.read(ino, fh, 7, &mut buf, ReadCtx::CLIENT, 0).unwrap(), 1);
         assert_eq!(buf[0], format!("{rendered}").as_bytes()[0]);
     }
 
@@ -454,7 +448,7 @@ mod tests {
         let ino = fs.lookup(ROOT_INO, "f").unwrap().ino;
         for (off, len) in [(0usize, 51_000usize), (1, 9000), (4095, 4098), (40_000, 20_000), (51_000, 10), (10, 3)] {
             let mut buf = vec![0xAAu8; len];
-            let n = fs.read_pieces(ino, NO_HANDLE, off as u64, &mut buf, SourceIo::Buffered, 4096).unwrap();
+            let n = fs.read(ino, NO_HANDLE, off as u64, &mut buf, ReadCtx::CLIENT, 4096).unwrap();
             assert_eq!(&buf[..n], &whole[off.min(whole.len())..(off + len).min(whole.len())], "offset {off} len {len}");
         }
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::compute::{After, ComputePool, Job, Parts, PoolConfig, Priority};
+use super::ctx::ReadCtx;
 use super::disk::{DiskCache, DiskKey};
 use super::memory::{self as cache, ChunkCache, Origin};
 use super::options::Options;
@@ -73,7 +74,7 @@ pub struct Tiers<E> {
     pub mem: Arc<ChunkCache<E>>,
     pub disk: Option<Arc<DiskCache>>,
     pub pool: Arc<ComputePool<E>>,
-    prefetch: SyncSender<(Arc<Group<E>>, usize, Priority)>,
+    prefetch: SyncSender<(Arc<Group<E>>, usize, ReadCtx)>,
     /// Parts (group, index) queued or running as prefetches (a sequential reader asks for
     /// the next chunk on every read of the current one: asked once).
     prefetching: Mutex<HashSet<(DiskKey, usize)>>,
@@ -112,17 +113,17 @@ pub struct ComputeSnapshot {
 
 impl<E: ChunkError> Tiers<E> {
     pub fn new(mem: Arc<ChunkCache<E>>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<E>>) -> Arc<Self> {
-        let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, Priority)>(PREFETCH_QUEUE);
+        let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, ReadCtx)>(PREFETCH_QUEUE);
         let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
             let spawned = std::thread::Builder::new().name(format!("xpackfs-prefetch-{i}")).spawn(move || {
                 loop {
-                    let Ok((group, idx, prio)) = rx.lock().recv() else { return };
+                    let Ok((group, idx, ctx)) = rx.lock().recv() else { return };
                     // Ends with the last user of the tiers (the sender goes with them).
                     let Some(tiers) = weak.upgrade() else { return };
-                    let _ = tiers.get(&group, idx, prio);
+                    let _ = tiers.get(&group, idx, ctx);
                     tiers.prefetching.lock().remove(&(group.key, idx));
                 }
             });
@@ -144,8 +145,10 @@ impl<E: ChunkError> Tiers<E> {
     }
 
     /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at
-    /// `prio` (this thread waits for this group only), then kept in memory and on disk.
-    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, prio: Priority) -> Result<Arc<[u8]>, E> {
+    /// `ctx.priority` (this thread waits for this group only), then kept in memory and on
+    /// disk. The one read function of the tiers.
+    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) -> Result<Arc<[u8]>, E> {
+        let prio = ctx.priority;
         let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| E::internal(format!("{group:?} has no part {idx}")))?;
         if let Some(bytes) = self.mem.get(&mem_key) {
             return Ok(bytes);
@@ -203,21 +206,22 @@ impl<E: ChunkError> Tiers<E> {
 
     /// Bring part `idx` of `group` into memory without waiting for it, unless it is there or
     /// on its way, if there is room in the prefetch queue (a prefetch is a hint: dropped when
-    /// the queue is full). `prio`: [`Priority::Read`] for a reader's read-ahead (the chunks
-    /// it asks for next: a background run would be hedged by its read and computed twice),
-    /// [`Priority::Background`] for work no reader waits for. A read-priority prefetch of a
-    /// group whose job is already in flight (a prewarm's, say) leaves it alone: joining it
-    /// would hedge it, and the reader promotes it if it comes to wait for it.
-    pub fn prefetch(&self, group: &Arc<Group<E>>, idx: usize, prio: Priority) {
+    /// the queue is full), read as `ctx` says. Its priority: [`Priority::Read`] for a
+    /// reader's read-ahead (the chunks it asks for next: a background run would be hedged by
+    /// its read and computed twice), [`Priority::Background`] for work no reader waits for.
+    /// A read-priority prefetch of a group whose job is already in flight (a prewarm's, say)
+    /// leaves it alone: joining it would hedge it, and the reader promotes it if it comes to
+    /// wait for it.
+    pub fn prefetch(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) {
         let Some((mem_key, _)) = group.parts.get(idx) else { return };
-        if self.mem.peek(mem_key) || (prio == Priority::Read && self.pool.is_in_flight(&group.key)) {
+        if self.mem.peek(mem_key) || (ctx.priority == Priority::Read && self.pool.is_in_flight(&group.key)) {
             return;
         }
         if !self.prefetching.lock().insert((group.key, idx)) {
             return;
         }
         self.prefetch_requested.fetch_add(1, Relaxed);
-        if self.prefetch.try_send((group.clone(), idx, prio)).is_err() {
+        if self.prefetch.try_send((group.clone(), idx, ctx)).is_err() {
             self.prefetching.lock().remove(&(group.key, idx));
             self.prefetch_dropped.fetch_add(1, Relaxed);
         }
@@ -302,18 +306,18 @@ mod tests {
         let fx = Fixture::new();
         let t = fx.tiers();
         let g = fx.chunk(3);
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         settle(&t.pool);
         assert_eq!(t.mem.stats.bytes_computed.load(Relaxed), 1000, "computed bytes counted once");
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!((fx.calls.load(Relaxed), t.mem.stats.hits.load(Relaxed)), (1, 1));
         let d = t.disk.as_ref().unwrap().snapshot();
         assert_eq!((d.writes, d.hits), (1, 0));
 
         // Restart: served from disk, nothing computed, nothing counted as computed.
         let t2 = fx.tiers();
-        assert_eq!(&*t2.get(&fx.chunk(3), 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t2.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t2.mem.stats.bytes_computed.load(Relaxed), 0);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 1);
@@ -324,7 +328,7 @@ mod tests {
         raw[100] ^= 1;
         std::fs::write(&path, raw).unwrap();
         let t3 = fx.tiers();
-        assert_eq!(&*t3.get(&fx.chunk(3), 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t3.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 2);
         assert_eq!(t3.disk.as_ref().unwrap().snapshot().corrupt, 1);
         settle(&t3.pool);
@@ -342,21 +346,21 @@ mod tests {
         };
         let t = fx.tiers();
         let g = group(fx.calls.clone());
-        assert_eq!(&*t.get(&g, 1, Priority::Read).unwrap(), &[1u8; 101][..]);
+        assert_eq!(&*t.get(&g, 1, ReadCtx::CLIENT).unwrap(), &[1u8; 101][..]);
         settle(&t.pool);
         for i in 0..3 {
-            assert_eq!(&*t.get(&g, i, Priority::Read).unwrap(), &vec![i as u8; 100 + i][..]);
+            assert_eq!(&*t.get(&g, i, ReadCtx::CLIENT).unwrap(), &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t.mem.stats.bytes_computed.load(Relaxed), 303);
         let t2 = fx.tiers();
         let g2 = group(fx.calls.clone());
         for i in [2, 0, 1] {
-            assert_eq!(&*t2.get(&g2, i, Priority::Read).unwrap(), &vec![i as u8; 100 + i][..]);
+            assert_eq!(&*t2.get(&g2, i, ReadCtx::CLIENT).unwrap(), &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 3);
-        assert!(t2.get(&g2, 3, Priority::Read).is_err());
+        assert!(t2.get(&g2, 3, ReadCtx::CLIENT).is_err());
     }
 
     #[test]
@@ -364,13 +368,13 @@ mod tests {
         let fx = Fixture::new();
         let t = fx.tiers();
         let g = fx.chunk(5);
-        t.prefetch(&g, 0, Priority::Background);
+        t.prefetch(&g, 0, ReadCtx::CLIENT.at(Priority::Background));
         let tt = t.clone();
         let t0 = std::time::Instant::now();
         while tt.mem.bytes() == 0 && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(5)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(5)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert!(t.mem.stats.hits.load(Relaxed) >= 1);
 
@@ -385,12 +389,12 @@ mod tests {
             }
             Ok(vec![42u8; 10])
         }));
-        t.prefetch(&slow, 0, Priority::Background);
+        t.prefetch(&slow, 0, ReadCtx::CLIENT.at(Priority::Background));
         while t.pool.in_flight() == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         let (tt, s) = (t.clone(), slow.clone());
-        let got = within("a read of a chunk a prefetch is computing", move || tt.get(&s, 0, Priority::Read));
+        let got = within("a read of a chunk a prefetch is computing", move || tt.get(&s, 0, ReadCtx::CLIENT));
         assert_eq!(&*got.unwrap(), &[42u8; 10][..]);
         gate.open();
         settle(&t.pool);
@@ -413,7 +417,7 @@ mod tests {
         while fx.calls.load(Relaxed) == 0 && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        t.prefetch(&slow, 0, Priority::Read);
+        t.prefetch(&slow, 0, ReadCtx::CLIENT);
         std::thread::sleep(Duration::from_millis(200));
         gate.open();
         settle(&t.pool);
@@ -421,7 +425,7 @@ mod tests {
         assert_eq!((fx.calls.load(Relaxed), s.hedged.load(Relaxed), s.promoted.load(Relaxed)), (1, 0, 0), "the read-ahead ran the job again");
         // With nothing in flight it computes the chunk into memory, at read priority.
         let g = fx.chunk(6);
-        t.prefetch(&g, 0, Priority::Read);
+        t.prefetch(&g, 0, ReadCtx::CLIENT);
         let t0 = std::time::Instant::now();
         while !t.in_memory(&g.parts[0].0) && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
@@ -449,14 +453,14 @@ mod tests {
         // Then a reader computes nothing.
         let t3 = fx.tiers();
         for (i, g) in groups.iter().enumerate() {
-            assert_eq!(&*t3.get(g, 0, Priority::Read).unwrap(), &expect(i as u64)[..]);
+            assert_eq!(&*t3.get(g, 0, ReadCtx::CLIENT).unwrap(), &expect(i as u64)[..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 10);
         assert_eq!(t3.mem.stats.bytes_computed.load(Relaxed), 0);
 
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
         assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), TestError::Option { option: "disk_cache", .. }));
-        assert_eq!(&*memory_only.get(&groups[0], 0, Priority::Read).unwrap(), &expect(0)[..]);
+        assert_eq!(&*memory_only.get(&groups[0], 0, ReadCtx::CLIENT).unwrap(), &expect(0)[..]);
     }
 
     #[test]
@@ -471,7 +475,7 @@ mod tests {
             })
             .memory_only(),
         );
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[5u8; 64][..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &[5u8; 64][..]);
         assert_eq!(t.warm(&g, &[64], Priority::Read).unwrap(), Warmed::Present);
         settle(&t.pool);
         let d = t.disk.as_ref().unwrap().snapshot();
@@ -492,9 +496,9 @@ mod tests {
             }
             Ok(vec![1u8; 4])
         }));
-        assert!(matches!(t.get(&g, 0, Priority::Read).unwrap_err().root(), TestError::Failed(_)));
+        assert!(matches!(t.get(&g, 0, ReadCtx::CLIENT).unwrap_err().root(), TestError::Failed(_)));
         settle(&t.pool);
         assert_eq!(t.disk.as_ref().unwrap().snapshot().writes, 0);
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[1u8; 4][..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &[1u8; 4][..]);
     }
 }

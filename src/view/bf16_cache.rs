@@ -31,8 +31,8 @@ use sha2::{Digest, Sha256};
 use super::derived::{Derived, Input};
 use super::{Group, Tiers};
 use crate::store::disk::source_file_keys;
-use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
-use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, ReadCtx, Warmed};
+use super::{ChunkProducer, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
@@ -362,9 +362,9 @@ impl Fp8Inner {
 #[derive(Debug)]
 struct Fp8Chunks(Arc<Fp8Inner>);
 
-impl ChunkSource for Fp8Chunks {
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.tiers.get(&self.0.group(id), 0, Priority::Read)
+impl ChunkProducer for Fp8Chunks {
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+        self.0.tiers.get(&self.0.group(id), 0, ctx)
     }
     fn ready(&self, id: u64) -> bool {
         self.0.tiers.in_memory(&(self.0.id, id))
@@ -375,8 +375,8 @@ impl ChunkSource for Fp8Chunks {
     fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
         self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
     }
-    fn prefetch(&self, id: u64) {
-        self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
+    fn prefetch(&self, id: u64, ctx: ReadCtx) {
+        self.0.tiers.prefetch(&self.0.group(id), 0, ctx);
     }
     fn disk_key(&self, id: u64) -> Option<DiskKey> {
         Some(self.0.key.chunk(id))
@@ -400,18 +400,18 @@ struct CheckedInner {
 #[derive(Debug)]
 struct CheckedChunks(Arc<CheckedInner>);
 
-impl ChunkSource for CheckedChunks {
+impl ChunkProducer for CheckedChunks {
     /// Through the memory cache (never the disk cache: the source is their durable copy):
     /// FUSE reads a chunk in many small requests, and each must not re-read and re-check the
     /// whole chunk.
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.tiers.get(&self.group(id), 0, Priority::Read)
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+        self.0.tiers.get(&self.group(id), 0, ctx)
     }
     fn ready(&self, id: u64) -> bool {
         self.0.tiers.in_memory(&(self.0.id, id))
     }
-    fn prefetch(&self, id: u64) {
-        self.0.tiers.prefetch(&self.group(id), 0, Priority::Read);
+    fn prefetch(&self, id: u64, ctx: ReadCtx) {
+        self.0.tiers.prefetch(&self.group(id), 0, ctx);
     }
     fn disk_key(&self, id: u64) -> Option<DiskKey> {
         Some(self.0.key.chunk(id))
@@ -615,7 +615,7 @@ fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned
         });
         let src = Arc::new(Fp8Chunks(inner.clone()));
         for c in 0..geo.rows.div_ceil(rows_per_chunk) as u64 {
-            f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
+            f.push(Extent::Computed { producer: src.clone(), id: c, len: inner.chunk_len(c) });
         }
     } else if p.dtype == Dtype::I64 {
         f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
@@ -634,7 +634,7 @@ fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned
             key,
         })));
         for c in 0..t.nbytes.div_ceil(chunk_bytes) {
-            f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
+            f.push(Extent::Computed { producer: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
         }
     }
 }

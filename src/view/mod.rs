@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 pub use registry::{build, Built, Context, Input, Purpose, View, ViewOptions, VIEWS};
 pub use tree::{Ino, NodeKind, Tree, ROOT_INO};
-pub use vfile::{ChunkSource, Extent, VirtualFile};
+pub use vfile::{ChunkProducer, Extent, VirtualFile};
 
 use crate::codec::CodecError;
 use crate::digest::DigestError;

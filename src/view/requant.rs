@@ -26,9 +26,9 @@ use serde_json::{json, Map, Value};
 use super::derived::{Derived, Input};
 use super::{Group, Tiers};
 use crate::store::disk::source_file_keys;
-use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
+use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, ReadCtx, Warmed};
 use super::imatrix::Imatrix;
-use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use super::{ChunkProducer, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::{self, mxfp4, QuantType};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
@@ -197,8 +197,8 @@ impl QuantInner {
         Arc::new(Group::single((self.id, id), self.key.chunk(id), move || me.compute(id)))
     }
 
-    fn get(self: &Arc<Self>, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.tiers.get(&self.group(id), 0, Priority::Read)
+    fn get(self: &Arc<Self>, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+        self.tiers.get(&self.group(id), 0, ctx)
     }
 }
 
@@ -211,9 +211,9 @@ impl std::fmt::Debug for QuantChunks {
     }
 }
 
-impl ChunkSource for QuantChunks {
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.get(id)
+impl ChunkProducer for QuantChunks {
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+        self.0.get(id, ctx)
     }
     fn ready(&self, id: u64) -> bool {
         self.0.tiers.in_memory(&(self.0.id, id))
@@ -224,8 +224,8 @@ impl ChunkSource for QuantChunks {
     fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
         self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
     }
-    fn prefetch(&self, id: u64) {
-        self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
+    fn prefetch(&self, id: u64, ctx: ReadCtx) {
+        self.0.tiers.prefetch(&self.0.group(id), 0, ctx);
     }
     fn disk_key(&self, id: u64) -> Option<DiskKey> {
         Some(self.0.key.chunk(id))
@@ -578,7 +578,7 @@ impl Shard<'_> {
                     });
                     let src = Arc::new(QuantChunks(inner.clone()));
                     for c in 0..inner.chunks() {
-                        f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
+                        f.push(Extent::Computed { producer: src.clone(), id: c, len: inner.chunk_len(c) });
                     }
                 }
                 _ => f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes }),

@@ -24,16 +24,16 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
-use super::{ChunkSource, Extent, Tiers, VirtualFile};
+use super::{ChunkProducer, Extent, Tiers, VirtualFile};
 use crate::store::disk::{seal_len, HEADER_BYTES};
 use crate::store::file_entries::{self, FileEntries};
-use crate::store::{Priority, Warmed};
+use crate::store::{Priority, ReadCtx, Warmed};
 
 /// One job's worth of chunks to warm.
 pub struct Item {
     /// The view file it was found in (for messages).
     pub file: String,
-    pub source: Arc<dyn ChunkSource>,
+    pub producer: Arc<dyn ChunkProducer>,
     pub id: u64,
     /// Bytes of the chunks it stands for (a sibling group counts every file it computes).
     pub bytes: u64,
@@ -47,11 +47,11 @@ pub fn plan(files: &[(String, Arc<VirtualFile>)]) -> Vec<Item> {
     let mut seen: std::collections::HashMap<(usize, u64), usize> = std::collections::HashMap::new();
     for (name, f) in files {
         for (_, e) in f.extents() {
-            let Extent::Computed { source, id, len } = e else { continue };
-            if !source.persistent() {
+            let Extent::Computed { producer, id, len } = e else { continue };
+            if !producer.persistent() {
                 continue;
             }
-            let unit = (Arc::as_ptr(source) as *const () as usize, source.warm_group(*id));
+            let unit = (Arc::as_ptr(producer) as *const () as usize, producer.warm_group(*id));
             match seen.get(&unit) {
                 Some(&i) => {
                     items[i].bytes += len;
@@ -59,7 +59,7 @@ pub fn plan(files: &[(String, Arc<VirtualFile>)]) -> Vec<Item> {
                 }
                 None => {
                     seen.insert(unit, items.len());
-                    items.push(Item { file: name.clone(), source: source.clone(), id: *id, bytes: *len, entries: 1 });
+                    items.push(Item { file: name.clone(), producer: producer.clone(), id: *id, bytes: *len, entries: 1 });
                 }
             }
         }
@@ -106,7 +106,7 @@ pub fn run(tiers: &Tiers, items: &[Item], prio: Priority, progress: &Progress) -
     let failed_files = Mutex::new(HashSet::new());
     tiers.pool.install(prio, || {
         items.par_iter().for_each(|item| {
-            match item.source.warm(item.id, prio) {
+            match item.producer.warm(item.id, prio) {
                 Ok(Warmed::Present) => progress.present.fetch_add(1, Relaxed),
                 Ok(Warmed::Computed) => progress.computed.fetch_add(1, Relaxed),
                 Err(e) => {
@@ -153,7 +153,8 @@ pub struct FilesReport {
 }
 
 /// Keep every file of `files` that can have a file entry whole in the disk cache, if all
-/// its chunks are there (nothing is computed), on the pool at `prio`.
+/// its chunks are there (nothing is computed), on the pool at `prio`: background reads
+/// ([`ReadCtx::BACKGROUND`] at `prio`).
 pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<VirtualFile>)], prio: Priority) -> FilesReport {
     let started = Instant::now();
     let (written, present, skipped, bytes) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
@@ -161,7 +162,7 @@ pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<V
         files.par_iter().filter(|(_, f)| file_entries::key(&**f).is_some()).for_each(|(_, f)| {
             if entries.has(&**f) {
                 present.fetch_add(1, Relaxed);
-            } else if file_entries::nothing_to_compute(&**f, entries.disk()) && entries.write(&**f) {
+            } else if file_entries::nothing_to_compute(&**f, entries.disk()) && entries.write(&**f, ReadCtx::BACKGROUND.at(prio)) {
                 written.fetch_add(1, Relaxed);
                 bytes.fetch_add(f.size(), Relaxed);
             } else {

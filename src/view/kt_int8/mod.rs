@@ -26,8 +26,8 @@ use serde_json::{json, Value};
 use super::derived::{Derived, Input};
 use super::{Group, Tiers};
 use crate::store::disk::source_file_keys;
-use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
-use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, ReadCtx, Warmed};
+use super::{ChunkProducer, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};
 use crate::digest::DigestStore;
@@ -496,9 +496,9 @@ impl std::fmt::Debug for Int8Chunks {
     }
 }
 
-impl ChunkSource for Int8Chunks {
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        let v = self.0.tiers.get(&self.0.group(), id as usize, Priority::Read)?;
+impl ChunkProducer for Int8Chunks {
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+        let v = self.0.tiers.get(&self.0.group(), id as usize, ctx)?;
         // The same file of the next matrices, and its quant/scale partner: computing one
         // part computes them all, but a part found in the disk cache comes alone.
         let mut next = self.0.next.get().and_then(std::sync::Weak::upgrade);
@@ -507,7 +507,7 @@ impl ChunkSource for Int8Chunks {
             let parts = [id, id ^ 1].map(|p| p as usize).into_iter().filter(|&p| p < 2 * n.numa && !n.tiers.in_memory(&(n.id, p as u64)));
             let mut group = None;
             for p in parts {
-                n.tiers.prefetch(group.get_or_insert_with(|| n.group()), p, Priority::Read);
+                n.tiers.prefetch(group.get_or_insert_with(|| n.group()), p, ctx);
             }
             next = n.next.get().and_then(std::sync::Weak::upgrade);
         }
@@ -629,7 +629,7 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
                         let size = src.0.part_len(2 * n + kind_i);
                         let fname = format!("INT8_{proj}_{x}_{size}Byte_{kind}_.kt");
                         let mut f = VirtualFile::new();
-                        f.push(Extent::Computed { source: src.clone(), id: (2 * n + kind_i) as u64, len: size });
+                        f.push(Extent::Computed { producer: src.clone(), id: (2 * n + kind_i) as u64, len: size });
                         let f = Arc::new(f);
                         tree.add_file_arc(ndirs[n], &fname, f.clone());
                         files_n.push((format!("_layer_{l}/_numa_{n}/{fname}"), f));
