@@ -187,7 +187,8 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
 
     /// The job for `key` (joining one in flight, else starting `job` at `prio`), waited for.
     /// Called from one of the pool's own threads, it runs the job there instead of queueing
-    /// it behind itself.
+    /// it behind itself, and the job is in flight at that thread's priority, whatever `prio`
+    /// asked: a reader that comes to wait for a job a background thread runs hedges it.
     pub fn get(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>) -> Outcome<E> {
         self.wait(key, prio, job, after, false)
     }
@@ -200,7 +201,8 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
 
     fn wait(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>, settled: bool) -> Outcome<E> {
         let inline = self.on_pool_thread();
-        let f = self.submit(key, prio, job, after, inline.is_none());
+        // The priority the job runs at here, if it runs here.
+        let f = self.submit(key, inline.unwrap_or(prio), job, after, inline.is_none());
         if let Some(p) = inline {
             run(&self.shared, &f, p);
         }
@@ -507,6 +509,39 @@ pub(crate) mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!((calls.load(Relaxed), p.stats().wasted.load(Relaxed)), (2, 1));
+    }
+
+    /// Defect of issue 23: a pool thread that ran a job inline recorded it at the priority
+    /// asked for, not the one it ran at; a background thread asking at read priority (a
+    /// file entry written during a prewarm, through a producer that asked at read priority)
+    /// left a later reader waiting behind niced work instead of hedging it.
+    #[test]
+    fn a_job_run_inline_on_a_background_thread_is_hedged_by_a_read() {
+        let p = pool(2);
+        let (gate, started) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (g, s, c) = (gate.clone(), started.clone(), calls.clone());
+        let j = job(move || {
+            c.fetch_add(1, Relaxed);
+            if on_background_thread() {
+                s.open();
+                g.wait();
+                return Ok(bytes(b"late"));
+            }
+            Ok(bytes(b"hedged"))
+        });
+        let (p2, j2) = (p.clone(), j.clone());
+        let inline = std::thread::spawn(move || p2.install(Priority::Background, || p2.get(key(1), Priority::Read, &j2, None).map(|v| v[0].to_vec())));
+        started.wait();
+        let (p2, j2) = (p.clone(), j.clone());
+        let got = within("a read of a job a background thread runs inline", move || p2.get(key(1), Priority::Read, &j2, None));
+        assert_eq!(&*got.unwrap()[0], b"hedged");
+        assert_eq!(p.stats().hedged.load(Relaxed), 1);
+        assert_eq!(p.stats().runs_background.load(Relaxed), 1, "the inline run counts as background");
+        gate.open();
+        assert_eq!(inline.join().unwrap().unwrap(), b"hedged", "the first result wins for every waiter");
+        settle(&p);
+        assert_eq!(calls.load(Relaxed), 2);
     }
 
     #[test]

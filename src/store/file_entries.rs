@@ -155,7 +155,7 @@ impl FileEntries {
                     super::compute::deprioritise_this_thread(19, true);
                     for f in rx {
                         if nothing_to_compute(&*f, &disk) {
-                            write(&disk, &*f, ReadCtx::BACKGROUND);
+                            write(&disk, &*f, ReadCtx::BACKGROUND.cached_only());
                         }
                         if let Some(k) = key(&*f) {
                             pending.lock().remove(&k);

@@ -130,6 +130,14 @@ impl<E> ChunkCache<E> {
         Some(v)
     }
 
+    /// The chunk at `key` if it is cached, counted as a hit but left where it is in the LRU
+    /// order (a background read: it must not keep a chunk in memory that clients left).
+    pub fn get_untouched(&self, key: &Key) -> Option<Arc<[u8]>> {
+        let v = self.lru.lock().map.peek(key).cloned()?;
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        Some(v)
+    }
+
     /// Whether the chunk at `key` is cached, without counting or touching it (prefetch and
     /// readiness checks).
     pub fn peek(&self, key: &Key) -> bool {

@@ -9,7 +9,10 @@
 //! read-ahead runs at read priority (a reader that caught up with a background run would
 //! hedge it and compute the chunk twice), and a reader arriving for a background prefetch
 //! promotes its job instead of waiting behind it. [`Tiers::warm`] makes sure a group is on
-//! disk (what `warm` and `prewarm` drive).
+//! disk (what `warm` and `prewarm` drive). A read in a background [`ReadCtx`] (file entries
+//! written behind or by a warm-up) bypasses the memory tier: it takes a chunk found there
+//! without moving it in the LRU order and puts none in, so it never pushes out what clients
+//! read; it joins a computation like any read, at its own priority.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -145,11 +148,21 @@ impl<E: ChunkError> Tiers<E> {
     }
 
     /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at
-    /// `ctx.priority` (this thread waits for this group only), then kept in memory and on
-    /// disk. The one read function of the tiers.
+    /// `ctx.priority` (this thread waits for this group only; not at all if `ctx` may not
+    /// compute: an error), then kept on disk, and in memory if `ctx` lets it in. The one read
+    /// function of the tiers.
     pub fn get(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) -> Result<Arc<[u8]>, E> {
         let prio = ctx.priority;
         let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| E::internal(format!("{group:?} has no part {idx}")))?;
+        if !ctx.memory {
+            // Memory is left as clients left it: no entry, no LRU move.
+            if let Some(bytes) = self.mem.get_untouched(&mem_key) {
+                return Ok(bytes);
+            }
+            let (bytes, origin) = self.load(group, idx, disk_key, ctx, false)?;
+            self.mem.record(bytes.len(), origin);
+            return Ok(bytes);
+        }
         if let Some(bytes) = self.mem.get(&mem_key) {
             return Ok(bytes);
         }
@@ -158,7 +171,7 @@ impl<E: ChunkError> Tiers<E> {
             // cache's single-flight): have it run at read priority for this reader.
             self.pool.promote(&group.key);
         }
-        self.mem.get_or_load(mem_key, || self.load(group, idx, disk_key, prio))
+        self.mem.get_or_load(mem_key, || self.load(group, idx, disk_key, ctx, true))
     }
 
     /// Whether part `idx` of `group` is in memory now (a read of it will not wait).
@@ -170,11 +183,16 @@ impl<E: ChunkError> Tiers<E> {
         self.disk.as_ref().filter(|_| group.persist)
     }
 
-    fn load(&self, group: &Arc<Group<E>>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<(Arc<[u8]>, Origin), E> {
+    /// Part `idx` from disk, else computed (if `ctx` allows; its parts into memory too if
+    /// `to_memory`).
+    fn load(&self, group: &Arc<Group<E>>, idx: usize, disk_key: DiskKey, ctx: ReadCtx, to_memory: bool) -> Result<(Arc<[u8]>, Origin), E> {
         if let Some(bytes) = self.disk(group).and_then(|d| d.get(&disk_key)) {
             return Ok((bytes, Origin::Disk));
         }
-        let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group, true))).map_err(E::shared)?;
+        if !ctx.compute {
+            return Err(E::internal(format!("{group:?}: part {idx} is in no cache, and this read computes nothing")));
+        }
+        let parts = self.pool.get(group.key, ctx.priority, &group.job, Some(self.write_behind(group, to_memory))).map_err(E::shared)?;
         let bytes = parts.get(idx).cloned().ok_or_else(|| E::internal(format!("{group:?} computed {} parts", parts.len())))?;
         // The job's write-behind counts (and keeps) every part it computed.
         Ok((bytes, Origin::Counted))
@@ -214,7 +232,8 @@ impl<E: ChunkError> Tiers<E> {
     /// wait for it.
     pub fn prefetch(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) {
         let Some((mem_key, _)) = group.parts.get(idx) else { return };
-        if self.mem.peek(mem_key) || (ctx.priority == Priority::Read && self.pool.is_in_flight(&group.key)) {
+        // A prefetch brings a chunk into memory: nothing to do for a read that stays out.
+        if !ctx.memory || self.mem.peek(mem_key) || (ctx.priority == Priority::Read && self.pool.is_in_flight(&group.key)) {
             return;
         }
         if !self.prefetching.lock().insert((group.key, idx)) {
@@ -432,6 +451,47 @@ mod tests {
         }
         assert!(t.in_memory(&g.parts[0].0));
         assert!(t.pool.stats().runs_read.load(Relaxed) >= 1);
+    }
+
+    /// Defect of issue 23: background reads (file entries written behind, a prewarm's) went
+    /// through the memory tier like a client's, pushing out the chunks clients read.
+    #[test]
+    fn a_background_read_leaves_the_memory_tier_as_it_was() {
+        let fx = Fixture::new();
+        let mut cfg = DiskCacheConfig::new(fx.dir.path(), 1 << 30);
+        cfg.touch_interval = Duration::ZERO;
+        // Room for three chunks.
+        let t = Tiers::new(Arc::new(ChunkCache::new(3000)), Some(Arc::new(DiskCache::open(cfg))), pool(2));
+        let g: Vec<_> = (0..6).map(|i| fx.chunk(i)).collect();
+        // Chunk 5 on disk only.
+        assert_eq!(t.warm(&g[5], &[1000], Priority::Read).unwrap(), Warmed::Computed);
+        for g in &g[1..4] {
+            t.get(g, 0, ReadCtx::CLIENT).unwrap();
+        }
+        settle(&t.pool);
+        let resident = |t: &Tiers<TestError>| (0..6).filter(|&i| t.in_memory(&g[i].parts[0].0)).collect::<Vec<_>>();
+        assert_eq!(resident(&t), [1, 2, 3]);
+        // Computed, read from disk, found in memory: the bytes, and memory as it was.
+        for i in [0, 5, 1] {
+            assert_eq!(&*t.get(&g[i], 0, ReadCtx::BACKGROUND).unwrap(), &expect(i as u64)[..]);
+        }
+        settle(&t.pool);
+        assert_eq!(resident(&t), [1, 2, 3], "a background read changed what memory holds");
+        assert_eq!(t.mem.stats.evictions.load(Relaxed), 0);
+        // Chunk 1 stays the least recently used: a client's next chunk replaces it.
+        t.get(&g[4], 0, ReadCtx::CLIENT).unwrap();
+        settle(&t.pool);
+        assert_eq!(resident(&t), [2, 3, 4], "a background hit moved a chunk in the LRU order");
+        // A background prefetch brings nothing into memory.
+        t.prefetch(&g[0], 0, ReadCtx::BACKGROUND);
+        std::thread::sleep(Duration::from_millis(100));
+        settle(&t.pool);
+        assert_eq!(resident(&t), [2, 3, 4]);
+        // A read that may not compute fails on a chunk in no cache, computes nothing.
+        let calls = fx.calls.load(Relaxed);
+        assert!(t.get(&fx.chunk(9), 0, ReadCtx::BACKGROUND.cached_only()).is_err());
+        assert_eq!(&*t.get(&g[5], 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &expect(5)[..]);
+        assert_eq!(fx.calls.load(Relaxed), calls);
     }
 
     #[test]

@@ -167,7 +167,9 @@ impl VirtualFile {
             done += n;
             idx += 1;
         }
-        self.read_ahead(idx, ctx);
+        if ctx.reads_ahead() {
+            self.read_ahead(idx, ctx);
+        }
         Ok(want)
     }
 
@@ -423,6 +425,22 @@ mod tests {
         // At the end of the file: nothing after it.
         f.read_at(f.size() - 10, &mut buf, ReadCtx::CLIENT).unwrap();
         assert!(src.0.lock().is_empty());
+    }
+
+    /// Defect of issue 23: a background read (a file entry written behind) started
+    /// read-ahead into memory like a client's.
+    #[test]
+    fn a_background_read_does_not_read_ahead() {
+        let src = Arc::new(Prefetched::default());
+        let mut f = VirtualFile::new();
+        for id in 0..4 {
+            f.push(Extent::Computed { producer: src.clone(), id, len: 1 << 20 });
+        }
+        let mut buf = vec![0u8; 4096];
+        f.read_at(0, &mut buf, ReadCtx::BACKGROUND).unwrap();
+        assert!(src.0.lock().is_empty(), "prefetched {:?}", src.0.lock());
+        f.read_at(0, &mut buf, ReadCtx::CLIENT).unwrap();
+        assert_eq!(std::mem::take(&mut *src.0.lock()), [1, 2, 3]);
     }
 
     fn sample() -> VirtualFile {

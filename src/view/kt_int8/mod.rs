@@ -499,6 +499,9 @@ impl std::fmt::Debug for Int8Chunks {
 impl ChunkProducer for Int8Chunks {
     fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
         let v = self.0.tiers.get(&self.0.group(), id as usize, ctx)?;
+        if !ctx.reads_ahead() {
+            return Ok(v);
+        }
         // The same file of the next matrices, and its quant/scale partner: computing one
         // part computes them all, but a part found in the disk cache comes alone.
         let mut next = self.0.next.get().and_then(std::sync::Weak::upgrade);
