@@ -14,7 +14,6 @@
 //! without moving it in the LRU order and puts none in, so it never pushes out what clients
 //! read; it joins a computation like any read, at its own priority.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use parking_lot::Mutex;
 use super::compute::{After, ComputePool, Job, Parts, PoolConfig, Priority};
 use super::ctx::ReadCtx;
 use super::disk::{DiskCache, DiskKey};
+use super::flight::{Flights, Joined};
 use super::memory::{self as cache, ChunkCache, Origin};
 use super::options::Options;
 use super::ChunkError;
@@ -80,7 +80,7 @@ pub struct Tiers<E> {
     prefetch: SyncSender<(Arc<Group<E>>, usize, ReadCtx)>,
     /// Parts (group, index) queued or running as prefetches (a sequential reader asks for
     /// the next chunk on every read of the current one: asked once).
-    prefetching: Mutex<HashSet<(DiskKey, usize)>>,
+    prefetching: Flights<(DiskKey, usize), ()>,
     pub prefetch_requested: AtomicU64,
     pub prefetch_dropped: AtomicU64,
 }
@@ -117,7 +117,7 @@ pub struct ComputeSnapshot {
 impl<E: ChunkError> Tiers<E> {
     pub fn new(mem: Arc<ChunkCache<E>>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<E>>) -> Arc<Self> {
         let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, ReadCtx)>(PREFETCH_QUEUE);
-        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
+        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Flights::default(), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
@@ -127,7 +127,7 @@ impl<E: ChunkError> Tiers<E> {
                     // Ends with the last user of the tiers (the sender goes with them).
                     let Some(tiers) = weak.upgrade() else { return };
                     let _ = tiers.get(&group, idx, ctx);
-                    tiers.prefetching.lock().remove(&(group.key, idx));
+                    tiers.prefetching.land_key(&(group.key, idx));
                 }
             });
             if let Err(e) = spawned {
@@ -236,12 +236,10 @@ impl<E: ChunkError> Tiers<E> {
         if !ctx.memory || self.mem.peek(mem_key) || (ctx.priority == Priority::Read && self.pool.is_in_flight(&group.key)) {
             return;
         }
-        if !self.prefetching.lock().insert((group.key, idx)) {
-            return;
-        }
+        let Joined::Leader(flight) = self.prefetching.join((group.key, idx), || None::<std::convert::Infallible>, || ()) else { return };
         self.prefetch_requested.fetch_add(1, Relaxed);
         if self.prefetch.try_send((group.clone(), idx, ctx)).is_err() {
-            self.prefetching.lock().remove(&(group.key, idx));
+            self.prefetching.land(&flight);
             self.prefetch_dropped.fetch_add(1, Relaxed);
         }
     }
@@ -273,7 +271,7 @@ impl<E: ChunkError> Tiers<E> {
             wasted: s.wasted.load(Relaxed),
             failed: s.failed.load(Relaxed),
             panics: s.panics.load(Relaxed),
-            prefetch_queued: self.prefetching.lock().len(),
+            prefetch_queued: self.prefetching.len(),
             prefetch_requested: self.prefetch_requested.load(Relaxed),
             prefetch_dropped: self.prefetch_dropped.load(Relaxed),
         }
