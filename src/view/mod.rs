@@ -6,7 +6,8 @@
 //! source, the layout of its virtual files, its manifests as [`derived`] files, and a
 //! verify hook for `materialize --verify`). [`vfile`] and [`tree`] are the file and
 //! directory model both front ends read. Computed chunks go through the storage layer's
-//! [`Tiers`] (`crate::store`: memory, disk cache and compute pool, one set per process);
+//! [`Tiers`] (`crate::store`: memory, disk cache and compute pool, one set per process),
+//! through [`tiered`]'s producer, to which a view gives its chunk plan and `compute(id)`;
 //! [`warm`] computes a view's chunks ahead into the disk cache.
 
 pub mod bf16_cache;
@@ -17,6 +18,7 @@ pub mod kimi_pack;
 pub mod kt_int8;
 pub mod registry;
 pub mod requant;
+pub mod tiered;
 pub mod tree;
 pub mod vfile;
 pub mod warm;
