@@ -30,7 +30,8 @@ pub struct ReadCtx {
     pub direct: bool,
     /// Chunks read may enter the memory tier (and a hit refreshes its place in the LRU).
     pub memory: bool,
-    /// A chunk in no cache may be computed; if not, the read fails instead.
+    /// A chunk of the disk tier's in no cache may be computed; if not, the read fails
+    /// instead (chunks kept in memory only, source bytes after a check, are always read).
     pub compute: bool,
 }
 
@@ -51,7 +52,8 @@ impl ReadCtx {
         ReadCtx { priority, ..self }
     }
 
-    /// This context, computing nothing: chunks not in a cache fail the read.
+    /// This context, computing nothing: chunks of the disk tier's not in a cache fail the
+    /// read.
     pub const fn cached_only(self) -> ReadCtx {
         ReadCtx { compute: false, ..self }
     }

@@ -183,13 +183,14 @@ impl<E: ChunkError> Tiers<E> {
         self.disk.as_ref().filter(|_| group.persist)
     }
 
-    /// Part `idx` from disk, else computed (if `ctx` allows; its parts into memory too if
-    /// `to_memory`).
+    /// Part `idx` from disk, else computed (if `ctx` allows, or the group is kept in memory
+    /// only; its parts into memory too if `to_memory`).
     fn load(&self, group: &Arc<Group<E>>, idx: usize, disk_key: DiskKey, ctx: ReadCtx, to_memory: bool) -> Result<(Arc<[u8]>, Origin), E> {
         if let Some(bytes) = self.disk(group).and_then(|d| d.get(&disk_key)) {
             return Ok((bytes, Origin::Disk));
         }
-        if !ctx.compute {
+        // Memory-only groups are source bytes after a check: read, whatever `ctx` says.
+        if !ctx.compute && group.persist {
             return Err(E::internal(format!("{group:?}: part {idx} is in no cache, and this read computes nothing")));
         }
         let parts = self.pool.get(group.key, ctx.priority, &group.job, Some(self.write_behind(group, to_memory))).map_err(E::shared)?;
@@ -489,6 +490,11 @@ mod tests {
         let calls = fx.calls.load(Relaxed);
         assert!(t.get(&fx.chunk(9), 0, ReadCtx::BACKGROUND.cached_only()).is_err());
         assert_eq!(&*t.get(&g[5], 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &expect(5)[..]);
+        // Memory-only chunks (source bytes after a check) are read even so, and not kept.
+        let checked = Arc::new(Group::single((3, 1), key(31), || Ok(vec![9u8; 10])).memory_only());
+        assert_eq!(&*t.get(&checked, 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &[9u8; 10][..]);
+        settle(&t.pool);
+        assert!(!t.in_memory(&(3, 1)));
         assert_eq!(fx.calls.load(Relaxed), calls);
     }
 
