@@ -25,7 +25,7 @@ use std::time::Instant;
 use xpackfs::codec::{self, QuantType};
 use xpackfs::store::compute::{ComputePool, PoolConfig};
 use xpackfs::store::disk::{DiskCacheConfig, HEADER_BYTES};
-use xpackfs::store::{ChunkCache, DiskCache, DiskKey, KeyBuilder, Priority};
+use xpackfs::store::{ChunkCache, DiskCache, DiskKey, KeyBuilder, ReadCtx};
 use xpackfs::view::{Group, Tiers};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -139,7 +139,7 @@ fn miss_path(root: &Path, chunks: u64, rows: usize, k: usize, rounds: usize) {
                 codec::quantize_rows_par(QuantType::Iq2Xxs, &x, k, Some(&unit), &mut out).map_err(|e| xpackfs::view::ViewError::Internal(e.to_string()))?;
                 Ok(out)
             }));
-            std::hint::black_box(tiers.get(&group, 0, Priority::Read).unwrap());
+            std::hint::black_box(tiers.get(&group, 0, ReadCtx::CLIENT).unwrap());
         }
         // Until the last write-behind is done.
         while tiers.pool.in_flight() > 0 {

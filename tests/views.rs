@@ -36,7 +36,7 @@ fn dump(source: &Path, opts: &[&str], location: &Path, out: &Path, store: &Path)
         let mut bytes = Vec::with_capacity(f.size() as usize);
         let mut buf = vec![0u8; 777_777];
         loop {
-            let n = f.read_at(bytes.len() as u64, &mut buf).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let n = f.read_at(bytes.len() as u64, &mut buf, xpackfs::store::ReadCtx::CLIENT).unwrap_or_else(|e| panic!("{name}: {e}"));
             if n == 0 {
                 break;
             }

@@ -41,8 +41,8 @@ pub fn build_every_view(path: &std::path::Path, location: &std::path::Path) {
 pub fn read_ends(tree: &xpackfs::view::Tree) {
     let mut buf = vec![0u8; 4096];
     for (_, f) in tree.files().into_iter().take(64) {
-        let _ = f.read_at(0, &mut buf);
-        let _ = f.read_at(f.size().saturating_sub(4096), &mut buf);
+        let _ = f.read_at(0, &mut buf, xpackfs::store::ReadCtx::CLIENT);
+        let _ = f.read_at(f.size().saturating_sub(4096), &mut buf, xpackfs::store::ReadCtx::CLIENT);
     }
 }
 

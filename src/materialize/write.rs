@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::{io, FileResult, MaterializeError, Options};
 use super::hash::RangeHasher;
 use crate::fsutil::{fsync_dir, write_atomic};
+use crate::store::ReadCtx;
 use crate::view::VirtualFile;
 
 /// Bytes between fdatasyncs (and checkpoints) of a file being written.
@@ -189,7 +190,7 @@ pub(super) fn stream(
             let want = ((end - off) as usize).min(chunk);
             let mut buf = pool_rx.try_recv().unwrap_or_else(|_| Buf::new(chunk));
             buf.set_len(want);
-            match file.read_at(off, buf.as_mut_slice()) {
+            match file.read_at(off, buf.as_mut_slice(), ReadCtx::CLIENT) {
                 Ok(0) => {
                     read_err = Some(MaterializeError::Refused(format!("{name}: view ended at {off} of {end} bytes")));
                     break;

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::metrics::metric_set;
-use crate::source::SourceIo;
-use crate::store::{file_entry_key, FileEntries, FileLookup};
+use crate::store::{file_entry_key, FileEntries, FileLookup, ReadCtx};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,13 +118,13 @@ impl Stats {
         registry.register("read_latency_seconds", "Latency of reads of view files (power-of-two buckets)", self.latency.clone());
     }
 
-    fn record_read(&self, result: Result<usize, i32>, io: SourceIo, identity: bool, micros: u64) {
+    fn record_read(&self, result: Result<usize, i32>, direct: bool, identity: bool, micros: u64) {
         self.latency.record(micros);
         match result {
             Ok(n) => {
                 self.counts.bytes_served.inc_by(n as u64);
                 self.served_by_origin.get_or_create(&[("origin", if identity { "identity" } else { "view" })]).inc_by(n as u64);
-                if io == SourceIo::Direct {
+                if direct {
                     self.counts.direct_bytes.inc_by(n as u64);
                 }
             }
@@ -367,17 +366,12 @@ impl Fs {
         })
     }
 
-    /// Read into `buf` through handle `fh`, source bytes read buffered; returns the byte count
-    /// (short only at end of file).
-    pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, FsError> {
-        self.read_pieces(ino, fh, offset, buf, SourceIo::Buffered, 0)
-    }
-
-    /// [`Fs::read`] with source bytes read as `io` says (the handle's source I/O mode), and a
-    /// request larger than `piece` bytes (if not 0) read as pieces at once on the current
+    /// Read into `buf` through handle `fh` as `ctx` says (a client's read, direct I/O as its
+    /// handle reads the source); returns the byte count (short only at end of file). A
+    /// request larger than `piece` bytes (if not 0) is read as pieces at once on the current
     /// rayon pool (cut at piece-aligned offsets): one request then keeps several device reads
     /// in flight. Same bytes, count and errors as one read.
-    pub fn read_pieces(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, FsError> {
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let f = match &node.kind {
             NodeKind::File(f) => f,
@@ -391,20 +385,20 @@ impl Fs {
             NodeKind::Dir { .. } => return Err(FsError::IsDir(ino)),
         };
         self.stats.counts.reads.inc();
-        if io == SourceIo::Direct {
+        if ctx.direct {
             self.stats.counts.direct_reads.inc();
         }
         let started = std::time::Instant::now();
-        let result = if piece == 0 || buf.len() <= piece { f.read_at_io(offset, buf, io) } else { read_in_pieces(f, offset, buf, io, piece) };
+        let result = if piece == 0 || buf.len() <= piece { f.read_at(offset, buf, ctx) } else { read_in_pieces(f, offset, buf, ctx, piece) };
         let result = result.map_err(|source| FsError::Read { path: node.name.clone(), source });
         let micros = started.elapsed().as_micros() as u64;
-        self.stats.record_read(result.as_ref().map(|n| *n).map_err(FsError::errno), io, f.is_identity(), micros);
+        self.stats.record_read(result.as_ref().map(|n| *n).map_err(FsError::errno), ctx.direct, f.is_identity(), micros);
         result
     }
 }
 
-/// `f.read_at_io` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
-fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], io: SourceIo, piece: usize) -> Result<usize, ViewError> {
+/// `f.read_at` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
+fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, ViewError> {
     let want = (buf.len() as u64).min(f.size().saturating_sub(offset)) as usize;
     let mut pieces = Vec::new();
     let (mut rest, mut pos) = (&mut buf[..want], offset);
@@ -417,7 +411,7 @@ fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], io:
     }
     rayon::scope(|s| {
         for (pos, out, result) in pieces.iter_mut() {
-            s.spawn(move |_| *result = f.read_at_io(*pos, out, io));
+            s.spawn(move |_| *result = f.read_at(*pos, out, ctx));
         }
     });
     pieces.into_iter().try_fold(0, |n, (_, _, r)| Ok(n + r?))
@@ -447,7 +441,7 @@ mod tests {
         let names: Vec<String> = fs.readdir(ROOT_INO).unwrap().into_iter().map(|e| e.2).collect();
         assert_eq!(names, [".", "..", "b", "sub"]);
         let mut buf = [0u8; 10];
-        assert_eq!(fs.read(a.ino, NO_HANDLE, 1, &mut buf).unwrap(), 4);
+        assert_eq!(fs.read(a.ino, NO_HANDLE, 1, &mut buf, ReadCtx::CLIENT, 0).unwrap(), 4);
         assert_eq!(&buf[..4], b"ello");
         assert_eq!(fs.lookup(ROOT_INO, "zz").unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.lookup(a.ino, "x").unwrap_err().errno(), libc::ENOTDIR);
@@ -468,7 +462,7 @@ mod tests {
         let mut buf = [0u8; 3];
         let mut got = Vec::new();
         for off in (0..12).step_by(3) {
-            let k = fs.read(ino, fh, off, &mut buf).unwrap();
+            let k = fs.read(ino, fh, off, &mut buf, ReadCtx::CLIENT, 0).unwrap();
             got.extend_from_slice(&buf[..k]);
         }
         // Each read renders anew (counter + 1) unless the handle's snapshot is used.
@@ -476,7 +470,7 @@ mod tests {
         assert_eq!(got, format!("render {}", rendered - 1).into_bytes());
         fs.release(fh);
         let fh = fs.open(ino, libc::O_RDONLY).unwrap();
-        assert_eq!(fs.read(ino, fh, 7, &mut buf).unwrap(), 1);
+        assert_eq!(fs.read(ino, fh, 7, &mut buf, ReadCtx::CLIENT, 0).unwrap(), 1);
         assert_eq!(buf[0], format!("{rendered}").as_bytes()[0]);
     }
 
@@ -494,7 +488,7 @@ mod tests {
         let ino = fs.lookup(ROOT_INO, "f").unwrap().ino;
         for (off, len) in [(0usize, 51_000usize), (1, 9000), (4095, 4098), (40_000, 20_000), (51_000, 10), (10, 3)] {
             let mut buf = vec![0xAAu8; len];
-            let n = fs.read_pieces(ino, NO_HANDLE, off as u64, &mut buf, SourceIo::Buffered, 4096).unwrap();
+            let n = fs.read(ino, NO_HANDLE, off as u64, &mut buf, ReadCtx::CLIENT, 4096).unwrap();
             assert_eq!(&buf[..n], &whole[off.min(whole.len())..(off + len).min(whole.len())], "offset {off} len {len}");
         }
     }
@@ -502,9 +496,9 @@ mod tests {
     #[test]
     fn read_metrics() {
         let s = Stats::default();
-        s.record_read(Ok(10), SourceIo::Buffered, true, 3);
-        s.record_read(Ok(5), SourceIo::Direct, false, 100);
-        s.record_read(Err(libc::EIO), SourceIo::Buffered, false, 5000);
+        s.record_read(Ok(10), false, true, 3);
+        s.record_read(Ok(5), true, false, 100);
+        s.record_read(Err(libc::EIO), false, false, 5000);
         let c = s.counts.snapshot();
         assert_eq!((c.bytes_served, c.direct_bytes, c.read_errors), (15, 5, 1));
         assert_eq!(s.latency_quantile(0.5), 128);

@@ -23,13 +23,15 @@ use super::fs::{Attr, Found, Fs, FsError, Kind};
 use super::passthrough::{Decision, Passthrough};
 use super::pools::ReadPool;
 use crate::source::SourceIo;
+use crate::store::ReadCtx;
 
 /// File-handle bit of handles that read the source with direct I/O (the filesystem's own
 /// handles count up from 1, passthrough handles from 2^62: neither reaches it).
 const DIRECT_FH: u64 = 1 << 63;
 
-fn handle_io(fh: FileHandle) -> SourceIo {
-    if fh.0 & DIRECT_FH != 0 { SourceIo::Direct } else { SourceIo::Buffered }
+/// The context of a client's read through handle `fh` (direct I/O as the handle says).
+fn handle_ctx(fh: FileHandle) -> ReadCtx {
+    ReadCtx::CLIENT.direct(fh.0 & DIRECT_FH != 0)
 }
 
 /// Contents never change while mounted, so attributes and entries can be cached long.
@@ -242,22 +244,22 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let io = handle_io(fh);
+        let ctx = handle_ctx(fh);
         let fh = fh.0 & !DIRECT_FH;
         if let Some(pool) = &self.waiting
             && !self.fs.ready(ino.0, offset, size.into())
         {
             // It would wait for a chunk: the worker goes back for the next request.
             let fs = self.fs.clone();
-            return pool.spawn(move || serve_read(&fs, ino, fh, offset, size, io, 0, reply));
+            return pool.spawn(move || serve_read(&fs, ino, fh, offset, size, ctx, 0, reply));
         }
-        match (&self.direct_pool, io) {
-            (Some(pool), SourceIo::Direct) => {
+        match &self.direct_pool {
+            Some(pool) if ctx.direct => {
                 let fs = self.fs.clone();
                 let piece = self.direct_piece;
-                pool.spawn(move || serve_read(&fs, ino, fh, offset, size, io, piece, reply));
+                pool.spawn(move || serve_read(&fs, ino, fh, offset, size, ctx, piece, reply));
             }
-            _ => serve_read(&self.fs, ino, fh, offset, size, io, 0, reply),
+            _ => serve_read(&self.fs, ino, fh, offset, size, ctx, 0, reply),
         }
     }
 
@@ -333,7 +335,7 @@ impl Filesystem for FuseAdapter {
 /// Read and answer one request, on the calling thread (in pieces of `piece` bytes run on
 /// the current rayon pool, if not 0).
 #[allow(clippy::too_many_arguments)]
-fn serve_read(fs: &Fs, ino: INodeNo, fh: u64, offset: u64, size: u32, io: SourceIo, piece: usize, reply: ReplyData) {
+fn serve_read(fs: &Fs, ino: INodeNo, fh: u64, offset: u64, size: u32, ctx: ReadCtx, piece: usize, reply: ReplyData) {
     let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
     // Each thread keeps one buffer, zeroed once and grown to the largest request: no
     // allocation and no memset per read (the view overwrites what it returns). It is taken
@@ -346,7 +348,7 @@ fn serve_read(fs: &Fs, ino: INodeNo, fh: u64, offset: u64, size: u32, io: Source
         buf.resize(size as usize, 0);
     }
     let out = &mut buf[..size as usize];
-    match guarded("read", || fs.read_pieces(ino.0, fh, offset, out, io, piece)) {
+    match guarded("read", || fs.read(ino.0, fh, offset, out, ctx, piece)) {
         Ok(n) => reply.data(&out[..n]),
         Err(e) => reply.error(e),
     }

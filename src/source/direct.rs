@@ -176,7 +176,7 @@ pub(super) fn resident(file: &File, offset: u64, len: u64) -> bool {
         }
         return false;
     }
-    stat.nr_cache >= last - first + 1
+    stat.nr_cache > last - first
 }
 
 /// The thread's scratch buffer, at least `len` bytes.

@@ -4,7 +4,8 @@
 //! [`ComputePool`] runs chunk computations ("jobs") on two rayon pools: `read` for chunks
 //! a reader waits for (and a reader's read-ahead), and `background` (niced, idle I/O
 //! class) for warming and prewarming, so background work yields the CPU to reads at once.
-//! Jobs are single-flight per key: a second request for a key joins the first. A read that
+//! Jobs are single-flight per key ([`super::flight`]): a second request for a key joins the
+//! first. A read that
 //! joins a background job promotes it (a job still queued also gets a run on the read pool;
 //! one already running gets a second, hedging run there; the first result wins, the other is
 //! dropped), so a reader never waits behind background work. A reader waits only for its own
@@ -15,13 +16,11 @@
 //! beyond the write-behind a request hands it, run on the computing thread once the job's
 //! waiters are woken.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
-
 use super::disk::DiskKey;
+use super::flight::{self, Flights, Joined};
 use super::Panicked;
 
 /// What one job computes: its chunks, in order.
@@ -78,6 +77,7 @@ pub struct PoolStats {
 }
 
 struct State<E> {
+    job: Job<E>,
     outcome: Option<Outcome<E>>,
     /// The highest priority a run has started at.
     running: Option<Priority>,
@@ -89,15 +89,10 @@ struct State<E> {
     done: Vec<Done<E>>,
 }
 
-struct Flight<E> {
-    key: DiskKey,
-    job: Job<E>,
-    st: Mutex<State<E>>,
-    cv: Condvar,
-}
+type Flight<E> = flight::Flight<DiskKey, State<E>>;
 
 struct Shared<E> {
-    flights: Mutex<HashMap<DiskKey, Arc<Flight<E>>>>,
+    flights: Flights<DiskKey, State<E>>,
     stats: PoolStats,
 }
 
@@ -144,7 +139,7 @@ impl<E> ComputePool<E> {
 
     /// Jobs queued or running.
     pub fn in_flight(&self) -> usize {
-        self.shared.flights.lock().len()
+        self.shared.flights.len()
     }
 
     pub fn threads(&self) -> usize {
@@ -157,7 +152,7 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
         Ok(ComputePool {
             read: build_pool("xpackfs-compute", cfg.threads, cfg.read_nice, false)?,
             background: build_pool("xpackfs-background", cfg.threads, cfg.background_nice, cfg.background_idle_io)?,
-            shared: Arc::new(Shared { flights: Mutex::new(HashMap::new()), stats: PoolStats::default() }),
+            shared: Arc::new(Shared { flights: Flights::default(), stats: PoolStats::default() }),
         })
     }
 
@@ -187,7 +182,8 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
 
     /// The job for `key` (joining one in flight, else starting `job` at `prio`), waited for.
     /// Called from one of the pool's own threads, it runs the job there instead of queueing
-    /// it behind itself.
+    /// it behind itself, and the job is in flight at that thread's priority, whatever `prio`
+    /// asked: a reader that comes to wait for a job a background thread runs hedges it.
     pub fn get(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>) -> Outcome<E> {
         self.wait(key, prio, job, after, false)
     }
@@ -200,14 +196,12 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
 
     fn wait(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>, settled: bool) -> Outcome<E> {
         let inline = self.on_pool_thread();
-        let f = self.submit(key, prio, job, after, inline.is_none());
+        // The priority the job runs at here, if it runs here.
+        let f = self.submit(key, inline.unwrap_or(prio), job, after, inline.is_none());
         if let Some(p) = inline {
             run(&self.shared, &f, p);
         }
-        let mut st = f.st.lock();
-        while st.outcome.is_none() || (settled && !st.settled) {
-            f.cv.wait(&mut st);
-        }
+        let st = f.wait_until(|st| st.outcome.is_some() && (st.settled || !settled));
         st.outcome.clone().unwrap()
     }
 
@@ -215,7 +209,7 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
     /// thread, or here if it is already known).
     pub fn request(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>, done: impl FnOnce(&Outcome<E>) + Send + 'static) {
         let f = self.submit(key, prio, job, after, true);
-        let mut st = f.st.lock();
+        let mut st = f.lock();
         match st.outcome.clone() {
             Some(o) => {
                 drop(st);
@@ -227,36 +221,30 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
 
     /// Whether a job for `key` is queued or running.
     pub fn is_in_flight(&self, key: &DiskKey) -> bool {
-        self.shared.flights.lock().contains_key(key)
+        self.shared.flights.contains(key)
     }
 
     /// If a background job for `key` is in flight, give it a run at read priority (a reader
     /// is about to wait for it, perhaps through another cache's single-flight).
     pub fn promote(&self, key: &DiskKey) {
-        let f = self.shared.flights.lock().get(key).cloned();
-        if let Some(f) = f {
+        if let Some(f) = self.shared.flights.get(key) {
             self.want_read(&f);
         }
     }
 
     fn submit(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>, schedule: bool) -> Arc<Flight<E>> {
-        let mut flights = self.shared.flights.lock();
-        if let Some(f) = flights.get(&key).cloned() {
-            drop(flights);
-            self.shared.stats.joined.fetch_add(1, Relaxed);
-            if prio == Priority::Read {
-                self.want_read(&f);
+        let start = || State { job: job.clone(), outcome: None, running: None, read_scheduled: prio == Priority::Read, read_joined: false, settled: false, after, done: Vec::new() };
+        let f = match self.shared.flights.join(key, || None::<std::convert::Infallible>, start) {
+            Joined::Leader(f) => f,
+            Joined::Joiner(f) => {
+                self.shared.stats.joined.fetch_add(1, Relaxed);
+                if prio == Priority::Read {
+                    self.want_read(&f);
+                }
+                return f;
             }
-            return f;
-        }
-        let f = Arc::new(Flight {
-            key,
-            job: job.clone(),
-            st: Mutex::new(State { outcome: None, running: None, read_scheduled: prio == Priority::Read, read_joined: false, settled: false, after, done: Vec::new() }),
-            cv: Condvar::new(),
-        });
-        flights.insert(key, f.clone());
-        drop(flights);
+            Joined::Found(nothing) => match nothing {},
+        };
         if schedule {
             self.spawn(&f, prio);
         }
@@ -264,7 +252,7 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
     }
 
     fn want_read(&self, f: &Arc<Flight<E>>) {
-        let mut st = f.st.lock();
+        let mut st = f.lock();
         st.read_joined = true;
         if st.outcome.is_some() || st.read_scheduled {
             return;
@@ -285,8 +273,8 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
 /// One run of a flight's job at `prio`, unless it is done or already running at `prio` or
 /// higher.
 fn run<E: From<Panicked> + Send + Sync + 'static>(shared: &Shared<E>, f: &Arc<Flight<E>>, prio: Priority) {
-    {
-        let mut st = f.st.lock();
+    let job = {
+        let mut st = f.lock();
         let go = st.outcome.is_none()
             && match st.running {
                 None => true,
@@ -297,10 +285,11 @@ fn run<E: From<Panicked> + Send + Sync + 'static>(shared: &Shared<E>, f: &Arc<Fl
             return;
         }
         st.running = Some(prio);
-    }
+        st.job.clone()
+    };
     let stat = if prio == Priority::Read { &shared.stats.runs_read } else { &shared.stats.runs_background };
     stat.fetch_add(1, Relaxed);
-    let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (f.job)())) {
+    let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job())) {
         Ok(Ok(parts)) => Ok(parts),
         Ok(Err(e)) => {
             shared.stats.failed.fetch_add(1, Relaxed);
@@ -313,13 +302,13 @@ fn run<E: From<Panicked> + Send + Sync + 'static>(shared: &Shared<E>, f: &Arc<Fl
         }
     };
     let (done, after, read_joined) = {
-        let mut st = f.st.lock();
+        let mut st = f.lock();
         if st.outcome.is_some() {
             shared.stats.wasted.fetch_add(1, Relaxed);
             return;
         }
         st.outcome = Some(out.clone());
-        f.cv.notify_all();
+        f.notify();
         (std::mem::take(&mut st.done), st.after.take(), st.read_joined)
     };
     for d in done {
@@ -332,12 +321,9 @@ fn run<E: From<Panicked> + Send + Sync + 'static>(shared: &Shared<E>, f: &Arc<Fl
             tracing::error!("write-behind of a computed chunk panicked");
         }
     }
-    f.st.lock().settled = true;
-    f.cv.notify_all();
-    let mut flights = shared.flights.lock();
-    if flights.get(&f.key).is_some_and(|g| Arc::ptr_eq(g, f)) {
-        flights.remove(&f.key);
-    }
+    f.lock().settled = true;
+    f.notify();
+    shared.flights.land(f);
 }
 
 #[cfg(test)]
@@ -345,6 +331,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::store::disk::KeyBuilder;
     use crate::store::error::TestError;
+    use parking_lot::{Condvar, Mutex};
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
@@ -507,6 +494,39 @@ pub(crate) mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!((calls.load(Relaxed), p.stats().wasted.load(Relaxed)), (2, 1));
+    }
+
+    /// Defect of issue 23: a pool thread that ran a job inline recorded it at the priority
+    /// asked for, not the one it ran at; a background thread asking at read priority (a
+    /// file entry written during a prewarm, through a producer that asked at read priority)
+    /// left a later reader waiting behind niced work instead of hedging it.
+    #[test]
+    fn a_job_run_inline_on_a_background_thread_is_hedged_by_a_read() {
+        let p = pool(2);
+        let (gate, started) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (g, s, c) = (gate.clone(), started.clone(), calls.clone());
+        let j = job(move || {
+            c.fetch_add(1, Relaxed);
+            if on_background_thread() {
+                s.open();
+                g.wait();
+                return Ok(bytes(b"late"));
+            }
+            Ok(bytes(b"hedged"))
+        });
+        let (p2, j2) = (p.clone(), j.clone());
+        let inline = std::thread::spawn(move || p2.install(Priority::Background, || p2.get(key(1), Priority::Read, &j2, None).map(|v| v[0].to_vec())));
+        started.wait();
+        let (p2, j2) = (p.clone(), j.clone());
+        let got = within("a read of a job a background thread runs inline", move || p2.get(key(1), Priority::Read, &j2, None));
+        assert_eq!(&*got.unwrap()[0], b"hedged");
+        assert_eq!(p.stats().hedged.load(Relaxed), 1);
+        assert_eq!(p.stats().runs_background.load(Relaxed), 1, "the inline run counts as background");
+        gate.open();
+        assert_eq!(inline.join().unwrap().unwrap(), b"hedged", "the first result wins for every waiter");
+        settle(&p);
+        assert_eq!(calls.load(Relaxed), 2);
     }
 
     #[test]

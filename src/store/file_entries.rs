@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use super::Tiers;
+use super::{ReadCtx, Tiers};
 use super::disk::{source_file_key, DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
 use crate::source::SourceFile;
 
@@ -62,9 +62,9 @@ pub trait StoredFile: Send + Sync {
     fn file_key_cell(&self) -> &OnceLock<Option<DiskKey>>;
     /// Visit its parts in order, each with its start offset, until `visit` breaks.
     fn visit_parts(&self, visit: &mut dyn FnMut(u64, Part<'_>) -> ControlFlow<()>) -> ControlFlow<()>;
-    /// Fill `buf` whole with its bytes at `offset` (through the view: chunks not in the
-    /// caches are computed), or say why not.
-    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), String>;
+    /// Fill `buf` whole with its bytes at `offset`, read through the view as `ctx` says
+    /// (chunks not in the caches are computed if `ctx` allows), or say why not.
+    fn fill(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<(), String>;
 }
 
 /// Smaller files are served through the daemon only (their chunk entries are enough: the
@@ -155,7 +155,7 @@ impl FileEntries {
                     super::compute::deprioritise_this_thread(19, true);
                     for f in rx {
                         if nothing_to_compute(&*f, &disk) {
-                            write(&disk, &*f);
+                            write(&disk, &*f, ReadCtx::BACKGROUND.cached_only());
                         }
                         if let Some(k) = key(&*f) {
                             pending.lock().remove(&k);
@@ -198,10 +198,10 @@ impl FileEntries {
         key(f).is_some_and(|k| self.disk.has_file(&k, f.size()))
     }
 
-    /// Write `f`'s file entry now (its bytes read through the view: chunks not in the
-    /// caches are computed). Returns whether it is present.
-    pub fn write(&self, f: &dyn StoredFile) -> bool {
-        write(&self.disk, f)
+    /// Write `f`'s file entry now (its bytes read through the view as `ctx` says: chunks
+    /// not in the caches are computed if it allows). Returns whether it is present.
+    pub fn write(&self, f: &dyn StoredFile, ctx: ReadCtx) -> bool {
+        write(&self.disk, f, ctx)
     }
 
     /// Write `f`'s file entry in the background if none of its chunks needs computing (a
@@ -217,7 +217,7 @@ impl FileEntries {
     }
 }
 
-fn write(disk: &DiskCache, f: &dyn StoredFile) -> bool {
+fn write(disk: &DiskCache, f: &dyn StoredFile, ctx: ReadCtx) -> bool {
     let Some(k) = key(f) else { return false };
-    disk.put_file(&k, f.size(), &mut |at, buf| f.fill(at, buf))
+    disk.put_file(&k, f.size(), &mut |at, buf| f.fill(at, buf, ctx))
 }

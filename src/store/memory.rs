@@ -1,21 +1,20 @@
 //! The memory tier: a byte-budgeted LRU cache of computed chunks, the first tier
 //! ([`super::Tiers`] puts the disk cache and the compute pool behind it), with
-//! single-flight: concurrent
-//! readers of a chunk that is being loaded or computed wait for that one load instead of
-//! repeating it. Errors are not cached (a later read tries again and reports again); the
+//! single-flight ([`super::flight`]): concurrent readers of a chunk that is being loaded or
+//! computed wait for that one load instead of repeating it. Errors are not cached (a later read tries again and reports again); the
 //! readers that waited for a failed load all get that one error, shared.
 //!
 //! Every chunk that enters records its [`Origin`], so `bytes_computed` counts only bytes
 //! computed by this process (a chunk read back from the disk cache counts in
 //! `bytes_from_disk`), each once.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use lru::LruCache;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
+use super::flight::{Flights, Joined};
 use super::ChunkError;
 use crate::metrics::metric_set;
 
@@ -74,13 +73,14 @@ struct Lru {
     bytes: usize,
 }
 
-type Slot<E> = Arc<(Mutex<Option<Result<Arc<[u8]>, Arc<E>>>>, Condvar)>;
+/// A load in flight: its result, once known.
+type Load<E> = Option<Result<Arc<[u8]>, Arc<E>>>;
 
 /// `E`: the error of the loads it runs (the views' error), shared with the readers that
 /// waited for a failed load.
 pub struct ChunkCache<E> {
     lru: Mutex<Lru>,
-    inflight: Mutex<HashMap<Key, Slot<E>>>,
+    loads: Flights<Key, Load<E>>,
     budget: usize,
     next_id: AtomicU64,
     pub stats: CacheStats,
@@ -96,7 +96,7 @@ impl<E> ChunkCache<E> {
     pub fn new(budget_bytes: usize) -> Self {
         ChunkCache {
             lru: Mutex::new(Lru { map: LruCache::unbounded(), bytes: 0 }),
-            inflight: Mutex::new(HashMap::new()),
+            loads: Flights::default(),
             budget: budget_bytes,
             next_id: AtomicU64::new(1),
             stats: CacheStats::default(),
@@ -127,6 +127,14 @@ impl<E> ChunkCache<E> {
     /// The chunk at `key` if it is cached: counted as a hit and made most recently used.
     pub fn get(&self, key: &Key) -> Option<Arc<[u8]>> {
         let v = self.lookup(key)?;
+        self.stats.hits.inc();
+        Some(v)
+    }
+
+    /// The chunk at `key` if it is cached, counted as a hit but left where it is in the LRU
+    /// order (a background read: it must not keep a chunk in memory that clients left).
+    pub fn get_untouched(&self, key: &Key) -> Option<Arc<[u8]>> {
+        let v = self.lru.lock().map.peek(key).cloned()?;
         self.stats.hits.inc();
         Some(v)
     }
@@ -184,34 +192,22 @@ impl<E: ChunkError> ChunkCache<E> {
         if let Some(v) = self.get(&key) {
             return Ok(v);
         }
-        let (slot, leader) = {
-            let mut inflight = self.inflight.lock();
-            // Re-check under the in-flight lock: a computation may have just finished.
-            if let Some(v) = self.lookup(&key) {
+        // Looked up again under the flights' lock: a load may have just landed.
+        let flight = match self.loads.join(key, || self.lookup(&key), || None) {
+            Joined::Found(v) => {
                 self.stats.hits.inc();
                 return Ok(v);
             }
-            match inflight.get(&key) {
-                Some(s) => (s.clone(), false),
-                None => {
-                    let s: Slot<E> = Arc::new((Mutex::new(None), Condvar::new()));
-                    inflight.insert(key, s.clone());
-                    (s, true)
-                }
+            Joined::Joiner(f) => {
+                self.stats.waits.inc();
+                return match f.wait_until(Option::is_some).as_ref() {
+                    Some(Ok(v)) => Ok(v.clone()),
+                    Some(Err(e)) => Err(E::shared(e.clone())),
+                    None => Err(E::internal("chunk computation ended without a result".into())),
+                };
             }
+            Joined::Leader(f) => f,
         };
-        if !leader {
-            self.stats.waits.inc();
-            let mut done = slot.0.lock();
-            while done.is_none() {
-                slot.1.wait(&mut done);
-            }
-            return match done.as_ref() {
-                Some(Ok(v)) => Ok(v.clone()),
-                Some(Err(e)) => Err(E::shared(e.clone())),
-                None => Err(E::internal("chunk computation ended without a result".into())),
-            };
-        }
         self.stats.misses.inc();
         // A panic in `load` must not leave waiters hanging.
         let result: Result<Arc<[u8]>, Arc<E>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
@@ -224,9 +220,9 @@ impl<E: ChunkError> ChunkCache<E> {
         if let Ok(v) = &result {
             self.insert(key, v.clone());
         }
-        *slot.0.lock() = Some(result.clone());
-        slot.1.notify_all();
-        self.inflight.lock().remove(&key);
+        *flight.lock() = Some(result.clone());
+        flight.notify();
+        self.loads.land(&flight);
         result.map_err(E::shared)
     }
 }

@@ -4,8 +4,10 @@
 //! keeps or makes the bytes lives here, one idea per file: the memory tier ([`memory`], a
 //! byte-budgeted LRU), the disk tier ([`disk`]: chunk entries and whole-file entries under
 //! one budget), whole files of a view kept for passthrough ([`file_entries`]), the compute
-//! pool with single-flight and priorities ([`compute`]), the lookup across them with
-//! read-ahead ([`tiers`]), and their command-line options ([`options`]).
+//! pool with priorities ([`compute`]), the lookup across them with read-ahead ([`tiers`]),
+//! the one single-flight mechanism they share ([`flight`]), their command-line options
+//! ([`options`]), and the context every read carries down to them ([`ReadCtx`]: who reads,
+//! at what priority, what it may do).
 //!
 //! It stores opaque bytes under opaque keys and knows nothing of views: the view types it
 //! needs are small traits defined here ([`ChunkError`] for the views' error,
@@ -13,7 +15,9 @@
 //! interface the layers above use (`serve` uses nothing else).
 
 pub mod compute;
+mod ctx;
 pub mod disk;
+pub mod flight;
 mod error;
 pub mod file_entries;
 pub mod memory;
@@ -21,6 +25,7 @@ pub mod options;
 pub mod tiers;
 
 pub use compute::Priority;
+pub use ctx::{ReadCtx, Reader};
 pub use disk::{DiskCache, DiskKey, FileLookup, KeyBuilder, Mode as DiskMode, ProducerKey};
 pub use error::{ChunkError, Panicked};
 pub use file_entries::{key as file_entry_key, FileEntries, StoredFile};

@@ -9,9 +9,11 @@
 //! read-ahead runs at read priority (a reader that caught up with a background run would
 //! hedge it and compute the chunk twice), and a reader arriving for a background prefetch
 //! promotes its job instead of waiting behind it. [`Tiers::warm`] makes sure a group is on
-//! disk (what `warm` and `prewarm` drive).
+//! disk (what `warm` and `prewarm` drive). A read in a background [`ReadCtx`] (file entries
+//! written behind or by a warm-up) bypasses the memory tier: it takes a chunk found there
+//! without moving it in the LRU order and puts none in, so it never pushes out what clients
+//! read; it joins a computation like any read, at its own priority.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -19,7 +21,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::compute::{After, ComputePool, Job, Parts, PoolConfig, Priority};
+use super::ctx::ReadCtx;
 use super::disk::{DiskCache, DiskKey};
+use super::flight::{Flights, Joined};
 use super::memory::{self as cache, ChunkCache, Origin};
 use super::options::Options;
 use super::ChunkError;
@@ -73,10 +77,10 @@ pub struct Tiers<E> {
     pub mem: Arc<ChunkCache<E>>,
     pub disk: Option<Arc<DiskCache>>,
     pub pool: Arc<ComputePool<E>>,
-    prefetch: SyncSender<(Arc<Group<E>>, usize, Priority)>,
+    prefetch: SyncSender<(Arc<Group<E>>, usize, ReadCtx)>,
     /// Parts (group, index) queued or running as prefetches (a sequential reader asks for
     /// the next chunk on every read of the current one: asked once).
-    prefetching: Mutex<HashSet<(DiskKey, usize)>>,
+    prefetching: Flights<(DiskKey, usize), ()>,
     pub prefetch_requested: AtomicU64,
     pub prefetch_dropped: AtomicU64,
 }
@@ -112,18 +116,18 @@ pub struct ComputeSnapshot {
 
 impl<E: ChunkError> Tiers<E> {
     pub fn new(mem: Arc<ChunkCache<E>>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<E>>) -> Arc<Self> {
-        let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, Priority)>(PREFETCH_QUEUE);
-        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Mutex::new(HashSet::new()), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
+        let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, ReadCtx)>(PREFETCH_QUEUE);
+        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Flights::default(), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
             let spawned = std::thread::Builder::new().name(format!("xpackfs-prefetch-{i}")).spawn(move || {
                 loop {
-                    let Ok((group, idx, prio)) = rx.lock().recv() else { return };
+                    let Ok((group, idx, ctx)) = rx.lock().recv() else { return };
                     // Ends with the last user of the tiers (the sender goes with them).
                     let Some(tiers) = weak.upgrade() else { return };
-                    let _ = tiers.get(&group, idx, prio);
-                    tiers.prefetching.lock().remove(&(group.key, idx));
+                    let _ = tiers.get(&group, idx, ctx);
+                    tiers.prefetching.land_key(&(group.key, idx));
                 }
             });
             if let Err(e) = spawned {
@@ -144,9 +148,21 @@ impl<E: ChunkError> Tiers<E> {
     }
 
     /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at
-    /// `prio` (this thread waits for this group only), then kept in memory and on disk.
-    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, prio: Priority) -> Result<Arc<[u8]>, E> {
+    /// `ctx.priority` (this thread waits for this group only; not at all if `ctx` may not
+    /// compute: an error), then kept on disk, and in memory if `ctx` lets it in. The one read
+    /// function of the tiers.
+    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) -> Result<Arc<[u8]>, E> {
+        let prio = ctx.priority;
         let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| E::internal(format!("{group:?} has no part {idx}")))?;
+        if !ctx.memory {
+            // Memory is left as clients left it: no entry, no LRU move.
+            if let Some(bytes) = self.mem.get_untouched(&mem_key) {
+                return Ok(bytes);
+            }
+            let (bytes, origin) = self.load(group, idx, disk_key, ctx, false)?;
+            self.mem.record(bytes.len(), origin);
+            return Ok(bytes);
+        }
         if let Some(bytes) = self.mem.get(&mem_key) {
             return Ok(bytes);
         }
@@ -155,7 +171,7 @@ impl<E: ChunkError> Tiers<E> {
             // cache's single-flight): have it run at read priority for this reader.
             self.pool.promote(&group.key);
         }
-        self.mem.get_or_load(mem_key, || self.load(group, idx, disk_key, prio))
+        self.mem.get_or_load(mem_key, || self.load(group, idx, disk_key, ctx, true))
     }
 
     /// Whether part `idx` of `group` is in memory now (a read of it will not wait).
@@ -167,11 +183,17 @@ impl<E: ChunkError> Tiers<E> {
         self.disk.as_ref().filter(|_| group.persist)
     }
 
-    fn load(&self, group: &Arc<Group<E>>, idx: usize, disk_key: DiskKey, prio: Priority) -> Result<(Arc<[u8]>, Origin), E> {
+    /// Part `idx` from disk, else computed (if `ctx` allows, or the group is kept in memory
+    /// only; its parts into memory too if `to_memory`).
+    fn load(&self, group: &Arc<Group<E>>, idx: usize, disk_key: DiskKey, ctx: ReadCtx, to_memory: bool) -> Result<(Arc<[u8]>, Origin), E> {
         if let Some(bytes) = self.disk(group).and_then(|d| d.get(&disk_key)) {
             return Ok((bytes, Origin::Disk));
         }
-        let parts = self.pool.get(group.key, prio, &group.job, Some(self.write_behind(group, true))).map_err(E::shared)?;
+        // Memory-only groups are source bytes after a check: read, whatever `ctx` says.
+        if !ctx.compute && group.persist {
+            return Err(E::internal(format!("{group:?}: part {idx} is in no cache, and this read computes nothing")));
+        }
+        let parts = self.pool.get(group.key, ctx.priority, &group.job, Some(self.write_behind(group, to_memory))).map_err(E::shared)?;
         let bytes = parts.get(idx).cloned().ok_or_else(|| E::internal(format!("{group:?} computed {} parts", parts.len())))?;
         // The job's write-behind counts (and keeps) every part it computed.
         Ok((bytes, Origin::Counted))
@@ -203,22 +225,22 @@ impl<E: ChunkError> Tiers<E> {
 
     /// Bring part `idx` of `group` into memory without waiting for it, unless it is there or
     /// on its way, if there is room in the prefetch queue (a prefetch is a hint: dropped when
-    /// the queue is full). `prio`: [`Priority::Read`] for a reader's read-ahead (the chunks
-    /// it asks for next: a background run would be hedged by its read and computed twice),
-    /// [`Priority::Background`] for work no reader waits for. A read-priority prefetch of a
-    /// group whose job is already in flight (a prewarm's, say) leaves it alone: joining it
-    /// would hedge it, and the reader promotes it if it comes to wait for it.
-    pub fn prefetch(&self, group: &Arc<Group<E>>, idx: usize, prio: Priority) {
+    /// the queue is full), read as `ctx` says. Its priority: [`Priority::Read`] for a
+    /// reader's read-ahead (the chunks it asks for next: a background run would be hedged by
+    /// its read and computed twice), [`Priority::Background`] for work no reader waits for.
+    /// A read-priority prefetch of a group whose job is already in flight (a prewarm's, say)
+    /// leaves it alone: joining it would hedge it, and the reader promotes it if it comes to
+    /// wait for it.
+    pub fn prefetch(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) {
         let Some((mem_key, _)) = group.parts.get(idx) else { return };
-        if self.mem.peek(mem_key) || (prio == Priority::Read && self.pool.is_in_flight(&group.key)) {
+        // A prefetch brings a chunk into memory: nothing to do for a read that stays out.
+        if !ctx.memory || self.mem.peek(mem_key) || (ctx.priority == Priority::Read && self.pool.is_in_flight(&group.key)) {
             return;
         }
-        if !self.prefetching.lock().insert((group.key, idx)) {
-            return;
-        }
+        let Joined::Leader(flight) = self.prefetching.join((group.key, idx), || None::<std::convert::Infallible>, || ()) else { return };
         self.prefetch_requested.fetch_add(1, Relaxed);
-        if self.prefetch.try_send((group.clone(), idx, prio)).is_err() {
-            self.prefetching.lock().remove(&(group.key, idx));
+        if self.prefetch.try_send((group.clone(), idx, ctx)).is_err() {
+            self.prefetching.land(&flight);
             self.prefetch_dropped.fetch_add(1, Relaxed);
         }
     }
@@ -250,7 +272,7 @@ impl<E: ChunkError> Tiers<E> {
             wasted: s.wasted.load(Relaxed),
             failed: s.failed.load(Relaxed),
             panics: s.panics.load(Relaxed),
-            prefetch_queued: self.prefetching.lock().len(),
+            prefetch_queued: self.prefetching.len(),
             prefetch_requested: self.prefetch_requested.load(Relaxed),
             prefetch_dropped: self.prefetch_dropped.load(Relaxed),
         }
@@ -302,18 +324,18 @@ mod tests {
         let fx = Fixture::new();
         let t = fx.tiers();
         let g = fx.chunk(3);
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         settle(&t.pool);
         assert_eq!(t.mem.stats.bytes_computed.get(), 1000, "computed bytes counted once");
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!((fx.calls.load(Relaxed), t.mem.stats.hits.get()), (1, 1));
         let d = t.disk.as_ref().unwrap().snapshot();
         assert_eq!((d.writes, d.hits), (1, 0));
 
         // Restart: served from disk, nothing computed, nothing counted as computed.
         let t2 = fx.tiers();
-        assert_eq!(&*t2.get(&fx.chunk(3), 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t2.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t2.mem.stats.bytes_computed.get(), 0);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 1);
@@ -324,7 +346,7 @@ mod tests {
         raw[100] ^= 1;
         std::fs::write(&path, raw).unwrap();
         let t3 = fx.tiers();
-        assert_eq!(&*t3.get(&fx.chunk(3), 0, Priority::Read).unwrap(), &expect(3)[..]);
+        assert_eq!(&*t3.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
         assert_eq!(fx.calls.load(Relaxed), 2);
         assert_eq!(t3.disk.as_ref().unwrap().snapshot().corrupt, 1);
         settle(&t3.pool);
@@ -342,21 +364,21 @@ mod tests {
         };
         let t = fx.tiers();
         let g = group(fx.calls.clone());
-        assert_eq!(&*t.get(&g, 1, Priority::Read).unwrap(), &[1u8; 101][..]);
+        assert_eq!(&*t.get(&g, 1, ReadCtx::CLIENT).unwrap(), &[1u8; 101][..]);
         settle(&t.pool);
         for i in 0..3 {
-            assert_eq!(&*t.get(&g, i, Priority::Read).unwrap(), &vec![i as u8; 100 + i][..]);
+            assert_eq!(&*t.get(&g, i, ReadCtx::CLIENT).unwrap(), &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t.mem.stats.bytes_computed.get(), 303);
         let t2 = fx.tiers();
         let g2 = group(fx.calls.clone());
         for i in [2, 0, 1] {
-            assert_eq!(&*t2.get(&g2, i, Priority::Read).unwrap(), &vec![i as u8; 100 + i][..]);
+            assert_eq!(&*t2.get(&g2, i, ReadCtx::CLIENT).unwrap(), &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 3);
-        assert!(t2.get(&g2, 3, Priority::Read).is_err());
+        assert!(t2.get(&g2, 3, ReadCtx::CLIENT).is_err());
     }
 
     #[test]
@@ -364,13 +386,13 @@ mod tests {
         let fx = Fixture::new();
         let t = fx.tiers();
         let g = fx.chunk(5);
-        t.prefetch(&g, 0, Priority::Background);
+        t.prefetch(&g, 0, ReadCtx::CLIENT.at(Priority::Background));
         let tt = t.clone();
         let t0 = std::time::Instant::now();
         while tt.mem.bytes() == 0 && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &expect(5)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(5)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert!(t.mem.stats.hits.get() >= 1);
 
@@ -385,12 +407,12 @@ mod tests {
             }
             Ok(vec![42u8; 10])
         }));
-        t.prefetch(&slow, 0, Priority::Background);
+        t.prefetch(&slow, 0, ReadCtx::CLIENT.at(Priority::Background));
         while t.pool.in_flight() == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         let (tt, s) = (t.clone(), slow.clone());
-        let got = within("a read of a chunk a prefetch is computing", move || tt.get(&s, 0, Priority::Read));
+        let got = within("a read of a chunk a prefetch is computing", move || tt.get(&s, 0, ReadCtx::CLIENT));
         assert_eq!(&*got.unwrap(), &[42u8; 10][..]);
         gate.open();
         settle(&t.pool);
@@ -413,7 +435,7 @@ mod tests {
         while fx.calls.load(Relaxed) == 0 && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        t.prefetch(&slow, 0, Priority::Read);
+        t.prefetch(&slow, 0, ReadCtx::CLIENT);
         std::thread::sleep(Duration::from_millis(200));
         gate.open();
         settle(&t.pool);
@@ -421,13 +443,59 @@ mod tests {
         assert_eq!((fx.calls.load(Relaxed), s.hedged.load(Relaxed), s.promoted.load(Relaxed)), (1, 0, 0), "the read-ahead ran the job again");
         // With nothing in flight it computes the chunk into memory, at read priority.
         let g = fx.chunk(6);
-        t.prefetch(&g, 0, Priority::Read);
+        t.prefetch(&g, 0, ReadCtx::CLIENT);
         let t0 = std::time::Instant::now();
         while !t.in_memory(&g.parts[0].0) && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert!(t.in_memory(&g.parts[0].0));
         assert!(t.pool.stats().runs_read.load(Relaxed) >= 1);
+    }
+
+    /// Defect of issue 23: background reads (file entries written behind, a prewarm's) went
+    /// through the memory tier like a client's, pushing out the chunks clients read.
+    #[test]
+    fn a_background_read_leaves_the_memory_tier_as_it_was() {
+        let fx = Fixture::new();
+        let mut cfg = DiskCacheConfig::new(fx.dir.path(), 1 << 30);
+        cfg.touch_interval = Duration::ZERO;
+        // Room for three chunks.
+        let t = Tiers::new(Arc::new(ChunkCache::new(3000)), Some(Arc::new(DiskCache::open(cfg))), pool(2));
+        let g: Vec<_> = (0..6).map(|i| fx.chunk(i)).collect();
+        // Chunk 5 on disk only.
+        assert_eq!(t.warm(&g[5], &[1000], Priority::Read).unwrap(), Warmed::Computed);
+        for g in &g[1..4] {
+            t.get(g, 0, ReadCtx::CLIENT).unwrap();
+        }
+        settle(&t.pool);
+        let resident = |t: &Tiers<TestError>| (0..6).filter(|&i| t.in_memory(&g[i].parts[0].0)).collect::<Vec<_>>();
+        assert_eq!(resident(&t), [1, 2, 3]);
+        // Computed, read from disk, found in memory: the bytes, and memory as it was.
+        for i in [0, 5, 1] {
+            assert_eq!(&*t.get(&g[i], 0, ReadCtx::BACKGROUND).unwrap(), &expect(i as u64)[..]);
+        }
+        settle(&t.pool);
+        assert_eq!(resident(&t), [1, 2, 3], "a background read changed what memory holds");
+        assert_eq!(t.mem.stats.evictions.get(), 0);
+        // Chunk 1 stays the least recently used: a client's next chunk replaces it.
+        t.get(&g[4], 0, ReadCtx::CLIENT).unwrap();
+        settle(&t.pool);
+        assert_eq!(resident(&t), [2, 3, 4], "a background hit moved a chunk in the LRU order");
+        // A background prefetch brings nothing into memory.
+        t.prefetch(&g[0], 0, ReadCtx::BACKGROUND);
+        std::thread::sleep(Duration::from_millis(100));
+        settle(&t.pool);
+        assert_eq!(resident(&t), [2, 3, 4]);
+        // A read that may not compute fails on a chunk in no cache, computes nothing.
+        let calls = fx.calls.load(Relaxed);
+        assert!(t.get(&fx.chunk(9), 0, ReadCtx::BACKGROUND.cached_only()).is_err());
+        assert_eq!(&*t.get(&g[5], 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &expect(5)[..]);
+        // Memory-only chunks (source bytes after a check) are read even so, and not kept.
+        let checked = Arc::new(Group::single((3, 1), key(31), || Ok(vec![9u8; 10])).memory_only());
+        assert_eq!(&*t.get(&checked, 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &[9u8; 10][..]);
+        settle(&t.pool);
+        assert!(!t.in_memory(&(3, 1)));
+        assert_eq!(fx.calls.load(Relaxed), calls);
     }
 
     #[test]
@@ -449,14 +517,14 @@ mod tests {
         // Then a reader computes nothing.
         let t3 = fx.tiers();
         for (i, g) in groups.iter().enumerate() {
-            assert_eq!(&*t3.get(g, 0, Priority::Read).unwrap(), &expect(i as u64)[..]);
+            assert_eq!(&*t3.get(g, 0, ReadCtx::CLIENT).unwrap(), &expect(i as u64)[..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 10);
         assert_eq!(t3.mem.stats.bytes_computed.get(), 0);
 
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
         assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), TestError::Option { option: "disk_cache", .. }));
-        assert_eq!(&*memory_only.get(&groups[0], 0, Priority::Read).unwrap(), &expect(0)[..]);
+        assert_eq!(&*memory_only.get(&groups[0], 0, ReadCtx::CLIENT).unwrap(), &expect(0)[..]);
     }
 
     #[test]
@@ -471,7 +539,7 @@ mod tests {
             })
             .memory_only(),
         );
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[5u8; 64][..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &[5u8; 64][..]);
         assert_eq!(t.warm(&g, &[64], Priority::Read).unwrap(), Warmed::Present);
         settle(&t.pool);
         let d = t.disk.as_ref().unwrap().snapshot();
@@ -492,9 +560,9 @@ mod tests {
             }
             Ok(vec![1u8; 4])
         }));
-        assert!(matches!(t.get(&g, 0, Priority::Read).unwrap_err().root(), TestError::Failed(_)));
+        assert!(matches!(t.get(&g, 0, ReadCtx::CLIENT).unwrap_err().root(), TestError::Failed(_)));
         settle(&t.pool);
         assert_eq!(t.disk.as_ref().unwrap().snapshot().writes, 0);
-        assert_eq!(&*t.get(&g, 0, Priority::Read).unwrap(), &[1u8; 4][..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &[1u8; 4][..]);
     }
 }

@@ -29,10 +29,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::derived::{Derived, Input};
-use super::{Group, Tiers};
+use super::tiered::{ChunkPlan, Tiered};
+use super::Tiers;
 use crate::store::disk::source_file_keys;
-use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
-use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::store::KeyBuilder;
+use super::{Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
@@ -307,12 +308,13 @@ struct Fp8Inner {
     scale_len: usize,
     geo: Fp8Blocks,
     rows_per_chunk: usize,
-    tiers: Arc<Tiers>,
-    id: u64,
-    key: ProducerKey,
 }
 
-impl Fp8Inner {
+impl ChunkPlan for Fp8Inner {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn chunk_len(&self, id: u64) -> u64 {
         let first = id as usize * self.rows_per_chunk;
         (self.rows_per_chunk.min(self.geo.rows - first) * self.geo.cols * 2) as u64
@@ -352,38 +354,11 @@ impl Fp8Inner {
             }
         })
     }
-
-    fn group(self: &Arc<Self>, id: u64) -> Arc<Group> {
-        let me = self.clone();
-        Arc::new(Group::single((self.id, id), self.key.chunk(id), move || me.compute(id)))
-    }
 }
 
-#[derive(Debug)]
-struct Fp8Chunks(Arc<Fp8Inner>);
-
-impl ChunkSource for Fp8Chunks {
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.tiers.get(&self.0.group(id), 0, Priority::Read)
-    }
-    fn ready(&self, id: u64) -> bool {
-        self.0.tiers.in_memory(&(self.0.id, id))
-    }
-    fn persistent(&self) -> bool {
-        true
-    }
-    fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
-        self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
-    }
-    fn prefetch(&self, id: u64) {
-        self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
-    }
-    fn disk_key(&self, id: u64) -> Option<DiskKey> {
-        Some(self.0.key.chunk(id))
-    }
-}
-
-/// A floating-point tensor served from the source after checking it is finite.
+/// A floating-point tensor served from the source after checking it is finite, through the
+/// memory tier only (never the disk cache: the source is their durable copy): FUSE reads a
+/// chunk in many small requests, and each must not re-read and re-check the whole chunk.
 #[derive(Debug)]
 struct CheckedInner {
     name: String,
@@ -392,40 +367,17 @@ struct CheckedInner {
     nbytes: u64,
     dtype: Dtype,
     chunk_bytes: u64,
-    tiers: Arc<Tiers>,
-    id: u64,
-    key: ProducerKey,
 }
 
-#[derive(Debug)]
-struct CheckedChunks(Arc<CheckedInner>);
+impl ChunkPlan for CheckedInner {
+    fn name(&self) -> &str {
+        &self.name
+    }
 
-impl ChunkSource for CheckedChunks {
-    /// Through the memory cache (never the disk cache: the source is their durable copy):
-    /// FUSE reads a chunk in many small requests, and each must not re-read and re-check the
-    /// whole chunk.
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.tiers.get(&self.group(id), 0, Priority::Read)
+    fn chunk_len(&self, id: u64) -> u64 {
+        self.chunk_bytes.min(self.nbytes - id * self.chunk_bytes)
     }
-    fn ready(&self, id: u64) -> bool {
-        self.0.tiers.in_memory(&(self.0.id, id))
-    }
-    fn prefetch(&self, id: u64) {
-        self.0.tiers.prefetch(&self.group(id), 0, Priority::Read);
-    }
-    fn disk_key(&self, id: u64) -> Option<DiskKey> {
-        Some(self.0.key.chunk(id))
-    }
-}
 
-impl CheckedChunks {
-    fn group(&self, id: u64) -> Arc<Group> {
-        let me = self.0.clone();
-        Arc::new(Group::single((me.id, id), me.key.chunk(id), move || me.compute(id)).memory_only())
-    }
-}
-
-impl CheckedInner {
     fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let start = id * self.chunk_bytes;
         let len = self.chunk_bytes.min(self.nbytes - start) as usize;
@@ -600,7 +552,7 @@ fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned
             .u64("block_cols", geo.block_cols as u64)
             .u64("rows_per_chunk", rows_per_chunk as u64)
             .producer();
-        let inner = Arc::new(Fp8Inner {
+        let inner = Fp8Inner {
             name: t.name.clone(),
             weight: file,
             weight_offset: t.offset,
@@ -609,32 +561,20 @@ fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned
             scale_len: s.nbytes as usize,
             geo,
             rows_per_chunk,
-            id: tiers.mem.producer_id(),
-            tiers: tiers.clone(),
-            key,
-        });
-        let src = Arc::new(Fp8Chunks(inner.clone()));
+        };
+        let producer = Tiered::new(inner, tiers, key);
         for c in 0..geo.rows.div_ceil(rows_per_chunk) as u64 {
-            f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
+            f.push(producer.extent(c));
         }
     } else if p.dtype == Dtype::I64 {
         f.push(Extent::Source { file, offset: t.offset, len: t.nbytes });
     } else {
         let chunk_bytes = 4u64 << 20;
         let key = key("checked").u64("nbytes", t.nbytes).field("dtype", format!("{:?}", p.dtype)).u64("chunk_bytes", chunk_bytes).producer();
-        let src = Arc::new(CheckedChunks(Arc::new(CheckedInner {
-            name: t.name.clone(),
-            file,
-            offset: t.offset,
-            nbytes: t.nbytes,
-            dtype: p.dtype,
-            chunk_bytes,
-            id: tiers.mem.producer_id(),
-            tiers: tiers.clone(),
-            key,
-        })));
+        let plan = CheckedInner { name: t.name.clone(), file, offset: t.offset, nbytes: t.nbytes, dtype: p.dtype, chunk_bytes };
+        let producer = Tiered::memory_only(plan, tiers, key);
         for c in 0..t.nbytes.div_ceil(chunk_bytes) {
-            f.push(Extent::Computed { source: src.clone(), id: c, len: chunk_bytes.min(t.nbytes - c * chunk_bytes) });
+            f.push(producer.extent(c));
         }
     }
 }

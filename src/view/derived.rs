@@ -161,7 +161,7 @@ mod tests {
         let expect = format!("{}\n{}\n", sha256_hex(b"hello world"), sha256_hex(b"world"));
         assert_eq!(f.size(), expect.len() as u64);
         let mut buf = vec![0u8; expect.len()];
-        assert_eq!(f.read_at(0, &mut buf).unwrap(), expect.len());
+        assert_eq!(f.read_at(0, &mut buf, crate::store::ReadCtx::CLIENT).unwrap(), expect.len());
         assert_eq!(buf, expect.as_bytes());
         // Remembered: a store entry that says otherwise is what a second build renders.
         store.save_view("k1", &["a".repeat(64), "b".repeat(64)]).unwrap();
@@ -180,6 +180,6 @@ mod tests {
         let f = Derived::new("bad", &DigestStore { dir: None }, "k".into(), vec![Input::whole(&data)], |h| h[0].trim_start_matches('2').as_bytes().to_vec())
             .into_file();
         let mut buf = vec![0u8; 64];
-        assert!(f.read_at(0, &mut buf).is_err());
+        assert!(f.read_at(0, &mut buf, crate::store::ReadCtx::CLIENT).is_err());
     }
 }

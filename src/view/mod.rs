@@ -6,7 +6,8 @@
 //! source, the layout of its virtual files, its manifests as [`derived`] files, and a
 //! verify hook for `materialize --verify`). [`vfile`] and [`tree`] are the file and
 //! directory model both front ends read. Computed chunks go through the storage layer's
-//! [`Tiers`] (`crate::store`: memory, disk cache and compute pool, one set per process);
+//! [`Tiers`] (`crate::store`: memory, disk cache and compute pool, one set per process),
+//! through [`tiered`]'s producer, to which a view gives its chunk plan and `compute(id)`;
 //! [`warm`] computes a view's chunks ahead into the disk cache.
 
 pub mod bf16_cache;
@@ -17,6 +18,7 @@ pub mod kimi_pack;
 pub mod kt_int8;
 pub mod registry;
 pub mod requant;
+pub mod tiered;
 pub mod tree;
 pub mod vfile;
 pub mod warm;
@@ -25,7 +27,7 @@ use std::sync::Arc;
 
 pub use registry::{build, Built, Context, Input, Purpose, View, ViewOptions, VIEWS};
 pub use tree::{Ino, NodeKind, Tree, ROOT_INO};
-pub use vfile::{ChunkSource, Extent, VirtualFile};
+pub use vfile::{ChunkProducer, Extent, VirtualFile};
 
 use crate::codec::CodecError;
 use crate::digest::DigestError;

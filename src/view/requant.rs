@@ -24,11 +24,12 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use super::derived::{Derived, Input};
-use super::{Group, Tiers};
+use super::Tiers;
 use crate::store::disk::source_file_keys;
-use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
+use crate::store::KeyBuilder;
 use super::imatrix::Imatrix;
-use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use super::tiered::{ChunkPlan, Tiered};
+use super::{Extent, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::codec::{self, mxfp4, QuantType};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
@@ -152,16 +153,17 @@ struct QuantInner {
     out_row_bytes: usize,
     /// Importance row for this tensor (the seed's unit vector when no imatrix is given).
     importance: Arc<Vec<f32>>,
-    tiers: Arc<Tiers>,
-    /// Memory-cache producer id.
-    id: u64,
-    /// Disk-cache key of this tensor's chunks: everything their bytes depend on.
-    key: ProducerKey,
 }
 
 impl QuantInner {
     fn chunks(&self) -> u64 {
         self.rows.div_ceil(self.rows_per_chunk) as u64
+    }
+}
+
+impl ChunkPlan for QuantInner {
+    fn name(&self) -> &str {
+        &self.name
     }
 
     fn chunk_len(&self, id: u64) -> u64 {
@@ -190,45 +192,6 @@ impl QuantInner {
         super::new_chunk(rows * self.out_row_bytes, |out| {
             codec::quantize_rows_par(self.qtype, &x, self.k, Some(&self.importance), out).map_err(|e| ViewError::Codec { tensor: self.name.clone(), source: e })
         })
-    }
-
-    fn group(self: &Arc<Self>, id: u64) -> Arc<Group> {
-        let me = self.clone();
-        Arc::new(Group::single((self.id, id), self.key.chunk(id), move || me.compute(id)))
-    }
-
-    fn get(self: &Arc<Self>, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.tiers.get(&self.group(id), 0, Priority::Read)
-    }
-}
-
-#[derive(Clone)]
-struct QuantChunks(Arc<QuantInner>);
-
-impl std::fmt::Debug for QuantChunks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QuantChunks({})", self.0.name)
-    }
-}
-
-impl ChunkSource for QuantChunks {
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        self.0.get(id)
-    }
-    fn ready(&self, id: u64) -> bool {
-        self.0.tiers.in_memory(&(self.0.id, id))
-    }
-    fn persistent(&self) -> bool {
-        true
-    }
-    fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
-        self.0.tiers.warm(&self.0.group(id), &[self.0.chunk_len(id)], prio)
-    }
-    fn prefetch(&self, id: u64) {
-        self.0.tiers.prefetch(&self.0.group(id), 0, Priority::Read);
-    }
-    fn disk_key(&self, id: u64) -> Option<DiskKey> {
-        Some(self.0.key.chunk(id))
     }
 }
 
@@ -560,7 +523,7 @@ impl Shard<'_> {
                         .u64("out_row_bytes", out_row_bytes as u64)
                         .field("importance", &importance_key)
                         .producer();
-                    let inner = Arc::new(QuantInner {
+                    let inner = QuantInner {
                         name: t.name.clone(),
                         weight: source.files[t.file].clone(),
                         weight_offset: t.offset,
@@ -572,13 +535,11 @@ impl Shard<'_> {
                         rows_per_chunk,
                         out_row_bytes,
                         importance,
-                        id: tiers.mem.producer_id(),
-                        tiers: tiers.clone(),
-                        key,
-                    });
-                    let src = Arc::new(QuantChunks(inner.clone()));
-                    for c in 0..inner.chunks() {
-                        f.push(Extent::Computed { source: src.clone(), id: c, len: inner.chunk_len(c) });
+                    };
+                    let chunks = inner.chunks();
+                    let producer = Tiered::new(inner, tiers, key);
+                    for c in 0..chunks {
+                        f.push(producer.extent(c));
                     }
                 }
                 _ => f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset, len: t.nbytes }),

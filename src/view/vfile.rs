@@ -1,23 +1,25 @@
 //! A virtual file: a size known up front and a sequence of extents that tile it.
 //!
-//! [`VirtualFile::read_at`] is the one path by which bytes leave a view: the FUSE adapter
-//! and `materialize` both call it, so a mount and a materialized copy cannot disagree.
+//! [`VirtualFile::read_at`] is the one path by which bytes leave a view: the FUSE adapter,
+//! `materialize` and the file entries written in the background all call it, so a mount and
+//! a materialized copy cannot disagree. Each read carries a [`ReadCtx`] (who reads, at what
+//! priority, with direct I/O or not), which it hands down to the chunk producers.
 
 use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
 use super::ViewError;
-use crate::source::{SourceFile, SourceIo};
+use crate::source::SourceFile;
 use crate::store::file_entries::{Chunks, Part, StoredFile};
-use crate::store::{DiskKey, Priority, Warmed};
+use crate::store::{DiskKey, Priority, ReadCtx, Warmed};
 
 /// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
 /// produced whole; the computed views produce theirs through [`super::Tiers`]
-/// (memory, disk cache, compute pool).
-pub trait ChunkSource: Send + Sync + std::fmt::Debug {
-    /// The whole chunk `id`; its length must equal the extent's length.
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError>;
+/// (memory, disk cache, compute pool), read as the caller's [`ReadCtx`] says.
+pub trait ChunkProducer: Send + Sync + std::fmt::Debug {
+    /// The whole chunk `id`, read as `ctx` says; its length must equal the extent's length.
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError>;
     /// Whether chunk `id` is served now without waiting for a load or a computation (it is
     /// in memory). The FUSE adapter takes reads that would wait off its workers.
     fn ready(&self, _id: u64) -> bool {
@@ -37,10 +39,10 @@ pub trait ChunkSource: Send + Sync + std::fmt::Debug {
     fn warm(&self, _id: u64, _prio: Priority) -> Result<Warmed, ViewError> {
         Ok(Warmed::Present)
     }
-    /// A hint that chunk `id` will be read soon: start loading or computing it without
-    /// waiting for it, unless it is in memory or on its way (read-ahead; the views run it at
-    /// read priority, see `Tiers::prefetch`).
-    fn prefetch(&self, _id: u64) {}
+    /// A hint that chunk `id` will be read soon by a reader with context `ctx`: start
+    /// loading or computing it without waiting for it, unless it is in memory or on its way
+    /// (read-ahead, at `ctx`'s priority; see `Tiers::prefetch`).
+    fn prefetch(&self, _id: u64, _ctx: ReadCtx) {}
     /// The disk-cache key of chunk `id` (a digest of everything its bytes depend on), for
     /// the key of a whole-file entry ([`crate::store::file_entries`]); `None`: not keyed
     /// (such a file gets no file entry).
@@ -64,7 +66,7 @@ pub enum Extent {
     /// Zero bytes.
     Zeros(u64),
     /// A computed chunk.
-    Computed { source: Arc<dyn ChunkSource>, id: u64, len: u64 },
+    Computed { producer: Arc<dyn ChunkProducer>, id: u64, len: u64 },
 }
 
 impl Extent {
@@ -129,14 +131,11 @@ impl VirtualFile {
         self.extents.iter().map(|(o, e)| (*o, e))
     }
 
-    /// Read up to `buf.len()` bytes at `offset`; returns the count (short only at EOF).
-    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
-        self.read_at_io(offset, buf, SourceIo::Buffered)
-    }
-
-    /// [`VirtualFile::read_at`], with source extents read as `io` says (direct I/O for a
-    /// client that reads with `O_DIRECT`; computed chunks read their inputs as they do).
-    pub fn read_at_io(&self, offset: u64, buf: &mut [u8], io: SourceIo) -> Result<usize, ViewError> {
+    /// Read up to `buf.len()` bytes at `offset` as `ctx` says; returns the count (short only
+    /// at EOF). Source extents are read with direct I/O if `ctx.direct` (a client that reads
+    /// with `O_DIRECT`; computed chunks read their inputs as they do); computed chunks come
+    /// from their producers in `ctx`, and a client's read looks ahead of itself.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<usize, ViewError> {
         if offset >= self.size || buf.is_empty() {
             return Ok(0);
         }
@@ -152,12 +151,10 @@ impl VirtualFile {
             match extent {
                 Extent::Bytes(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
                 Extent::Zeros(_) => out.fill(0),
-                Extent::Source { file, offset: src, .. } => match io {
-                    SourceIo::Buffered => file.read_exact_at(out, src + within)?,
-                    SourceIo::Direct => file.read_exact_at_direct(out, src + within)?,
-                },
-                Extent::Computed { source, id, len } => {
-                    let chunk = source.chunk(*id)?;
+                Extent::Source { file, offset: src, .. } if ctx.direct => file.read_exact_at_direct(out, src + within)?,
+                Extent::Source { file, offset: src, .. } => file.read_exact_at(out, src + within)?,
+                Extent::Computed { producer, id, len } => {
+                    let chunk = producer.chunk(*id, ctx)?;
                     if chunk.len() as u64 != *len {
                         return Err(ViewError::Internal(format!(
                             "computed chunk {id} has {} bytes, its extent {len}",
@@ -170,22 +167,24 @@ impl VirtualFile {
             done += n;
             idx += 1;
         }
-        self.read_ahead(idx);
+        if ctx.reads_ahead() {
+            self.read_ahead(idx, ctx);
+        }
         Ok(want)
     }
 
     /// Prefetch the computed extents from `idx` on that start within [`READ_AHEAD_BYTES`] of
-    /// extent `idx` and are not in memory.
-    fn read_ahead(&self, idx: usize) {
+    /// extent `idx` and are not in memory, for a reader in `ctx`.
+    fn read_ahead(&self, idx: usize, ctx: ReadCtx) {
         let Some((first, _)) = self.extents.get(idx) else { return };
         for (start, extent) in &self.extents[idx..] {
             if start - first >= READ_AHEAD_BYTES {
                 break;
             }
-            if let Extent::Computed { source, id, .. } = extent
-                && !source.ready(*id)
+            if let Extent::Computed { producer, id, .. } = extent
+                && !producer.ready(*id)
             {
-                source.prefetch(*id);
+                producer.prefetch(*id, ctx);
             }
         }
     }
@@ -205,8 +204,8 @@ impl std::fmt::Debug for Lazy {
     }
 }
 
-impl ChunkSource for Lazy {
-    fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
+impl ChunkProducer for Lazy {
+    fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
         if let Some(b) = self.done.get() {
             return Ok(b.clone());
         }
@@ -227,7 +226,7 @@ impl VirtualFile {
     /// make them through [`super::derived::Derived`].
     pub(crate) fn lazy(len: u64, build: impl Fn() -> Result<Vec<u8>, ViewError> + Send + Sync + 'static) -> VirtualFile {
         let mut f = VirtualFile::new();
-        f.push(Extent::Computed { source: Arc::new(Lazy { len, build: Box::new(build), done: OnceLock::new() }), id: 0, len });
+        f.push(Extent::Computed { producer: Arc::new(Lazy { len, build: Box::new(build), done: OnceLock::new() }), id: 0, len });
         f.derived = true;
         f
     }
@@ -258,7 +257,7 @@ impl VirtualFile {
             .iter()
             .take_while(|(start, _)| *start < end)
             .all(|(_, e)| match e {
-                Extent::Computed { source, id, .. } => source.ready(*id),
+                Extent::Computed { producer, id, .. } => producer.ready(*id),
                 _ => true,
             })
     }
@@ -307,7 +306,7 @@ impl VirtualFile {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(buf.len() as u64) as usize;
-            let got = self.read_at(offset + done, &mut buf[..n])?;
+            let got = self.read_at(offset + done, &mut buf[..n], ReadCtx::CLIENT)?;
             if got == 0 {
                 return Err(ViewError::Internal(format!("file ended at {} of {}", offset + done, offset + len)));
             }
@@ -324,7 +323,7 @@ impl VirtualFile {
 }
 
 /// A chunk producer as the storage layer's file entries see it.
-struct ChunksOf<'a>(&'a dyn ChunkSource);
+struct ChunksOf<'a>(&'a dyn ChunkProducer);
 
 impl Chunks for ChunksOf<'_> {
     fn persistent(&self) -> bool {
@@ -359,8 +358,8 @@ impl StoredFile for VirtualFile {
                 Extent::Bytes(b) => Part::Bytes(b),
                 Extent::Zeros(n) => Part::Zeros(*n),
                 Extent::Source { file, offset, len } => Part::Source { file, offset: *offset, len: *len },
-                Extent::Computed { source, id, len } => {
-                    visit(*start, Part::Chunk { chunks: &ChunksOf(&**source), id: *id, len: *len })?;
+                Extent::Computed { producer, id, len } => {
+                    visit(*start, Part::Chunk { chunks: &ChunksOf(&**producer), id: *id, len: *len })?;
                     continue;
                 }
             };
@@ -369,8 +368,8 @@ impl StoredFile for VirtualFile {
         std::ops::ControlFlow::Continue(())
     }
 
-    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        match self.read_at(offset, buf) {
+    fn fill(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<(), String> {
+        match self.read_at(offset, buf, ctx) {
             Ok(n) if n == buf.len() => Ok(()),
             Ok(n) => Err(format!("the view file ended at {} of {}", offset + n as u64, self.size)),
             Err(e) => Err(e.to_string()),
@@ -384,8 +383,8 @@ mod tests {
 
     #[derive(Debug)]
     struct Counting;
-    impl ChunkSource for Counting {
-        fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
+    impl ChunkProducer for Counting {
+        fn chunk(&self, id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
             Ok((0..5u8).map(|i| i + 10 * id as u8).collect::<Vec<_>>().into())
         }
     }
@@ -393,14 +392,14 @@ mod tests {
     /// Chunks of 1 MiB; records the prefetches asked for; chunk 7 is "in memory".
     #[derive(Debug, Default)]
     struct Prefetched(parking_lot::Mutex<Vec<u64>>);
-    impl ChunkSource for Prefetched {
-        fn chunk(&self, _id: u64) -> Result<Arc<[u8]>, ViewError> {
+    impl ChunkProducer for Prefetched {
+        fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
             Ok(vec![0u8; 1 << 20].into())
         }
         fn ready(&self, id: u64) -> bool {
             id == 7
         }
-        fn prefetch(&self, id: u64) {
+        fn prefetch(&self, id: u64, _ctx: ReadCtx) {
             self.0.lock().push(id);
         }
     }
@@ -411,21 +410,37 @@ mod tests {
         let mut f = VirtualFile::new();
         f.push(Extent::Bytes(Arc::from(&b"header"[..])));
         for id in 0..12 {
-            f.push(Extent::Computed { source: src.clone(), id, len: 1 << 20 });
+            f.push(Extent::Computed { producer: src.clone(), id, len: 1 << 20 });
             if id == 5 {
                 f.push(Extent::Zeros(100));
             }
         }
         let mut buf = vec![0u8; 4096];
-        f.read_at(0, &mut buf).unwrap();
+        f.read_at(0, &mut buf, ReadCtx::CLIENT).unwrap();
         // The read ends in chunk 0: chunks 1..=4 start within 4 MiB of chunk 1.
         assert_eq!(std::mem::take(&mut *src.0.lock()), [1, 2, 3, 4]);
         // Ending in chunk 5 (zeros, then chunks 6..): 7 is in memory and not asked for.
-        f.read_at(6 + 5 * (1 << 20) + 10, &mut buf).unwrap();
+        f.read_at(6 + 5 * (1 << 20) + 10, &mut buf, ReadCtx::CLIENT).unwrap();
         assert_eq!(std::mem::take(&mut *src.0.lock()), [6, 8, 9]);
         // At the end of the file: nothing after it.
-        f.read_at(f.size() - 10, &mut buf).unwrap();
+        f.read_at(f.size() - 10, &mut buf, ReadCtx::CLIENT).unwrap();
         assert!(src.0.lock().is_empty());
+    }
+
+    /// Defect of issue 23: a background read (a file entry written behind) started
+    /// read-ahead into memory like a client's.
+    #[test]
+    fn a_background_read_does_not_read_ahead() {
+        let src = Arc::new(Prefetched::default());
+        let mut f = VirtualFile::new();
+        for id in 0..4 {
+            f.push(Extent::Computed { producer: src.clone(), id, len: 1 << 20 });
+        }
+        let mut buf = vec![0u8; 4096];
+        f.read_at(0, &mut buf, ReadCtx::BACKGROUND).unwrap();
+        assert!(src.0.lock().is_empty(), "prefetched {:?}", src.0.lock());
+        f.read_at(0, &mut buf, ReadCtx::CLIENT).unwrap();
+        assert_eq!(std::mem::take(&mut *src.0.lock()), [1, 2, 3]);
     }
 
     fn sample() -> VirtualFile {
@@ -433,7 +448,7 @@ mod tests {
         f.push(Extent::Bytes(Arc::from(&b"abc"[..])));
         f.push(Extent::Zeros(2));
         f.push(Extent::Zeros(1));
-        f.push(Extent::Computed { source: Arc::new(Counting), id: 1, len: 5 });
+        f.push(Extent::Computed { producer: Arc::new(Counting), id: 1, len: 5 });
         f.push(Extent::Bytes(Arc::from(&b""[..])));
         f.push(Extent::Bytes(Arc::from(&b"z"[..])));
         f
@@ -449,11 +464,11 @@ mod tests {
             Ok(b"abc".to_vec())
         });
         let mut buf = [0u8; 3];
-        f.read_at(0, &mut buf).unwrap();
-        f.read_at(1, &mut buf).unwrap();
+        f.read_at(0, &mut buf, ReadCtx::CLIENT).unwrap();
+        f.read_at(1, &mut buf, ReadCtx::CLIENT).unwrap();
         assert_eq!((&buf[..2], calls.load(Ordering::SeqCst)), (&b"bc"[..], 1));
         let wrong = VirtualFile::lazy(5, || Ok(b"abc".to_vec()));
-        assert!(wrong.read_at(0, &mut buf).is_err());
+        assert!(wrong.read_at(0, &mut buf, ReadCtx::CLIENT).is_err());
         assert_eq!(f.sha256().unwrap(), crate::digest::sha256_hex(b"abc"));
     }
 
@@ -466,7 +481,7 @@ mod tests {
         for start in 0..=whole.len() + 2 {
             for len in 0..=whole.len() + 2 {
                 let mut buf = vec![0xAAu8; len];
-                let n = f.read_at(start as u64, &mut buf).unwrap();
+                let n = f.read_at(start as u64, &mut buf, ReadCtx::CLIENT).unwrap();
                 let expect = whole.get(start..(start + len).min(whole.len())).unwrap_or(&[]);
                 assert_eq!(&buf[..n], expect, "start {start} len {len}");
             }

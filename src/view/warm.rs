@@ -24,16 +24,16 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
-use super::{ChunkSource, Extent, Tiers, VirtualFile};
+use super::{ChunkProducer, Extent, Tiers, VirtualFile};
 use crate::store::disk::{seal_len, HEADER_BYTES};
 use crate::store::file_entries::{self, FileEntries};
-use crate::store::{Priority, Warmed};
+use crate::store::{Priority, ReadCtx, Warmed};
 
 /// One job's worth of chunks to warm.
 pub struct Item {
     /// The view file it was found in (for messages).
     pub file: String,
-    pub source: Arc<dyn ChunkSource>,
+    pub producer: Arc<dyn ChunkProducer>,
     pub id: u64,
     /// Bytes of the chunks it stands for (a sibling group counts every file it computes).
     pub bytes: u64,
@@ -47,11 +47,11 @@ pub fn plan(files: &[(String, Arc<VirtualFile>)]) -> Vec<Item> {
     let mut seen: std::collections::HashMap<(usize, u64), usize> = std::collections::HashMap::new();
     for (name, f) in files {
         for (_, e) in f.extents() {
-            let Extent::Computed { source, id, len } = e else { continue };
-            if !source.persistent() {
+            let Extent::Computed { producer, id, len } = e else { continue };
+            if !producer.persistent() {
                 continue;
             }
-            let unit = (Arc::as_ptr(source) as *const () as usize, source.warm_group(*id));
+            let unit = (Arc::as_ptr(producer) as *const () as usize, producer.warm_group(*id));
             match seen.get(&unit) {
                 Some(&i) => {
                     items[i].bytes += len;
@@ -59,7 +59,7 @@ pub fn plan(files: &[(String, Arc<VirtualFile>)]) -> Vec<Item> {
                 }
                 None => {
                     seen.insert(unit, items.len());
-                    items.push(Item { file: name.clone(), source: source.clone(), id: *id, bytes: *len, entries: 1 });
+                    items.push(Item { file: name.clone(), producer: producer.clone(), id: *id, bytes: *len, entries: 1 });
                 }
             }
         }
@@ -106,7 +106,7 @@ pub fn run(tiers: &Tiers, items: &[Item], prio: Priority, progress: &Progress) -
     let failed_files = Mutex::new(HashSet::new());
     tiers.pool.install(prio, || {
         items.par_iter().for_each(|item| {
-            match item.source.warm(item.id, prio) {
+            match item.producer.warm(item.id, prio) {
                 Ok(Warmed::Present) => progress.present.fetch_add(1, Relaxed),
                 Ok(Warmed::Computed) => progress.computed.fetch_add(1, Relaxed),
                 Err(e) => {
@@ -153,7 +153,9 @@ pub struct FilesReport {
 }
 
 /// Keep every file of `files` that can have a file entry whole in the disk cache, if all
-/// its chunks are there (nothing is computed), on the pool at `prio`.
+/// its chunks are there (nothing is computed), on the pool at `prio`: background reads
+/// ([`ReadCtx::BACKGROUND`] at `prio`, computing nothing), which leave the memory tier as
+/// clients left it.
 pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<VirtualFile>)], prio: Priority) -> FilesReport {
     let started = Instant::now();
     let (written, present, skipped, bytes) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
@@ -161,7 +163,7 @@ pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<V
         files.par_iter().filter(|(_, f)| file_entries::key(&**f).is_some()).for_each(|(_, f)| {
             if entries.has(&**f) {
                 present.fetch_add(1, Relaxed);
-            } else if file_entries::nothing_to_compute(&**f, entries.disk()) && entries.write(&**f) {
+            } else if file_entries::nothing_to_compute(&**f, entries.disk()) && entries.write(&**f, ReadCtx::BACKGROUND.at(prio).cached_only()) {
                 written.fetch_add(1, Relaxed);
                 bytes.fetch_add(f.size(), Relaxed);
             } else {
@@ -175,5 +177,83 @@ pub fn write_files(tiers: &Tiers, entries: &FileEntries, files: &[(String, Arc<V
         skipped: skipped.into_inner(),
         bytes: bytes.into_inner(),
         seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::compute::{ComputePool, PoolConfig};
+    use crate::store::disk::{DiskCacheConfig, KeyBuilder, ProducerKey};
+    use crate::store::{ChunkCache, DiskCache, DiskKey, Group};
+    use crate::view::ViewError;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Chunks of 1 MiB (each byte its chunk id) through the tiers, as the computed views'.
+    #[derive(Debug)]
+    struct Mib {
+        tiers: Arc<Tiers>,
+        id: u64,
+        key: ProducerKey,
+    }
+
+    impl Mib {
+        fn group(&self, id: u64) -> Arc<Group<ViewError>> {
+            Arc::new(Group::single((self.id, id), self.key.chunk(id), move || Ok(vec![id as u8; MIB as usize])))
+        }
+    }
+
+    impl ChunkProducer for Mib {
+        fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+            self.tiers.get(&self.group(id), 0, ctx)
+        }
+        fn ready(&self, id: u64) -> bool {
+            self.tiers.in_memory(&(self.id, id))
+        }
+        fn persistent(&self) -> bool {
+            true
+        }
+        fn warm(&self, id: u64, prio: Priority) -> Result<Warmed, ViewError> {
+            self.tiers.warm(&self.group(id), &[MIB], prio)
+        }
+        fn prefetch(&self, id: u64, ctx: ReadCtx) {
+            self.tiers.prefetch(&self.group(id), 0, ctx);
+        }
+        fn disk_key(&self, id: u64) -> Option<DiskKey> {
+            Some(self.key.chunk(id))
+        }
+    }
+
+    /// Defect of issue 23: a prewarm's file entries were written through the memory tier,
+    /// streaming the whole view through it and evicting what clients read.
+    #[test]
+    fn a_prewarm_leaves_clients_chunks_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = ComputePool::new(&PoolConfig { threads: 2, ..PoolConfig::default() }).unwrap();
+        // Room for three chunks; two files of two and four.
+        let tiers = Tiers::new(Arc::new(ChunkCache::new(3 * MIB as usize)), Some(Arc::new(DiskCache::open(DiskCacheConfig::new(dir.path(), 1 << 30)))), Arc::new(pool));
+        let producer = Arc::new(Mib { tiers: tiers.clone(), id: tiers.mem.producer_id(), key: KeyBuilder::new("warm-test").producer() });
+        let file = |ids: std::ops::Range<u64>| {
+            let mut f = VirtualFile::new();
+            for id in ids {
+                f.push(Extent::Computed { producer: producer.clone(), id, len: MIB });
+            }
+            Arc::new(f)
+        };
+        let files = vec![("a".to_string(), file(0..2)), ("b".to_string(), file(2..6))];
+        let report = run(&tiers, &plan(&files), Priority::Background, &Progress::default());
+        assert_eq!((report.computed, report.failed), (6, 0));
+        // A client reads a.
+        let mut buf = vec![0u8; 2 * MIB as usize];
+        assert_eq!(files[0].1.read_at(0, &mut buf, ReadCtx::CLIENT).unwrap(), buf.len());
+        let resident = || (0..6).filter(|&id| producer.ready(id)).collect::<Vec<_>>();
+        assert_eq!(resident(), [0, 1]);
+        // The prewarm's second half: every file kept whole, its chunks read from disk.
+        let entries = FileEntries::of(&tiers, true).unwrap();
+        let r = write_files(&tiers, &entries, &files, Priority::Background);
+        assert_eq!((r.written, r.skipped), (2, 0));
+        assert_eq!(resident(), [0, 1], "writing file entries changed what memory holds");
+        assert_eq!(tiers.mem.stats.evictions.get(), 0);
     }
 }

@@ -24,10 +24,10 @@ use safetensors::Dtype;
 use serde_json::{json, Value};
 
 use super::derived::{Derived, Input};
-use super::{Group, Tiers};
+use super::tiered::{ChunkPlan, Tiered};
 use crate::store::disk::source_file_keys;
-use crate::store::{DiskKey, KeyBuilder, Priority, ProducerKey, Warmed};
-use super::{ChunkSource, Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use crate::store::{KeyBuilder, ReadCtx};
+use super::{ChunkProducer, Tree, ViewError, VirtualFile, ROOT_INO};
 use crate::util::args::int_in;
 use crate::codec::{self, kt_int8};
 use crate::digest::DigestStore;
@@ -433,12 +433,9 @@ struct Int8Inner {
     hidden: usize,
     inter: usize,
     numa: usize,
-    tiers: Arc<Tiers>,
-    id: u64,
-    key: ProducerKey,
     /// The next matrix in build order (layer, projection, expert), for reading ahead
     /// across files (weak: the files' extents own the matrices).
-    next: std::sync::OnceLock<std::sync::Weak<Int8Inner>>,
+    next: std::sync::OnceLock<std::sync::Weak<Tiered<Int8Inner>>>,
 }
 
 /// Matrices a read prefetches after its own (each is computed by one job into all its NUMA
@@ -455,6 +452,25 @@ impl Int8Inner {
             (2, _) => 4 * self.hidden,
             _ => 4 * il,
         }) as u64
+    }
+
+}
+
+impl ChunkPlan for Int8Inner {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn chunk_len(&self, id: u64) -> u64 {
+        self.part_len(id as usize)
+    }
+
+    fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
+        Err(ViewError::Internal(format!("{}: part {id} is computed with its siblings", self.name)))
+    }
+
+    fn siblings(&self) -> Option<u64> {
+        Some(2 * self.numa as u64)
     }
 
     /// Every part: the matrix decoded once, then each NUMA part quantised to per-row INT8 and
@@ -481,53 +497,19 @@ impl Int8Inner {
         Ok(out)
     }
 
-    fn group(self: &Arc<Self>) -> Arc<Group> {
-        let me = self.clone();
-        let parts = (0..2 * self.numa as u64).map(|i| ((self.id, i), self.key.chunk(i))).collect();
-        Arc::new(Group::siblings(self.key.group(), parts, move || me.compute_all()))
-    }
-}
-
-struct Int8Chunks(Arc<Int8Inner>);
-
-impl std::fmt::Debug for Int8Chunks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Int8Chunks({})", self.0.name)
-    }
-}
-
-impl ChunkSource for Int8Chunks {
-    fn chunk(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
-        let v = self.0.tiers.get(&self.0.group(), id as usize, Priority::Read)?;
-        // The same file of the next matrices, and its quant/scale partner: computing one
-        // part computes them all, but a part found in the disk cache comes alone.
-        let mut next = self.0.next.get().and_then(std::sync::Weak::upgrade);
+    /// The same file of the next matrices, and its quant/scale partner: computing one part
+    /// computes them all, but a part found in the disk cache comes alone.
+    fn read_ahead(&self, id: u64, ctx: ReadCtx) {
+        let mut next = self.next.get().and_then(std::sync::Weak::upgrade);
         for _ in 0..AHEAD_MATRICES {
             let Some(n) = next else { break };
-            let parts = [id, id ^ 1].map(|p| p as usize).into_iter().filter(|&p| p < 2 * n.numa && !n.tiers.in_memory(&(n.id, p as u64)));
-            let mut group = None;
-            for p in parts {
-                n.tiers.prefetch(group.get_or_insert_with(|| n.group()), p, Priority::Read);
+            for p in [id, id ^ 1] {
+                if p < 2 * n.plan().numa as u64 && !n.ready(p) {
+                    n.prefetch(p, ctx);
+                }
             }
-            next = n.next.get().and_then(std::sync::Weak::upgrade);
+            next = n.plan().next.get().and_then(std::sync::Weak::upgrade);
         }
-        Ok(v)
-    }
-    fn ready(&self, id: u64) -> bool {
-        self.0.tiers.in_memory(&(self.0.id, id))
-    }
-    fn persistent(&self) -> bool {
-        true
-    }
-    fn warm_group(&self, _id: u64) -> u64 {
-        0
-    }
-    fn warm(&self, _id: u64, prio: Priority) -> Result<Warmed, ViewError> {
-        let lens: Vec<u64> = (0..2 * self.0.numa).map(|i| self.0.part_len(i)).collect();
-        self.0.tiers.warm(&self.0.group(), &lens, prio)
-    }
-    fn disk_key(&self, id: u64) -> Option<DiskKey> {
-        Some(self.0.key.chunk(id))
     }
 }
 
@@ -602,7 +584,7 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
     // Per layer, its files by name.
     type LayerFiles = Vec<(u64, Vec<(String, Arc<VirtualFile>)>)>;
     let mut layer_files: LayerFiles = Vec::new();
-    let mut last: Option<Arc<Int8Inner>> = None;
+    let mut last: Option<Arc<Tiered<Int8Inner>>> = None;
     for &l in &layers {
         let ldir = tree.add_dir(ROOT_INO, &format!("_layer_{l}"));
         let ndirs: Vec<_> = (0..numa).map(|n| tree.add_dir(ldir, &format!("_numa_{n}"))).collect();
@@ -619,17 +601,16 @@ pub fn build(source: &Source, numa: usize, ctx: &super::Context) -> Result<Tree,
                     .u64("inter", i as u64)
                     .u64("numa", numa as u64)
                     .producer();
-                let inner = Arc::new(Int8Inner { name, matrix: m, proj: r, hidden: h, inter: i, numa, id: tiers.mem.producer_id(), tiers: tiers.clone(), key, next: Default::default() });
-                if let Some(prev) = last.replace(inner.clone()) {
-                    let _ = prev.next.set(Arc::downgrade(&inner));
+                let producer = Tiered::new(Int8Inner { name, matrix: m, proj: r, hidden: h, inter: i, numa, next: Default::default() }, tiers, key);
+                if let Some(prev) = last.replace(producer.clone()) {
+                    let _ = prev.plan().next.set(Arc::downgrade(&producer));
                 }
-                let src = Arc::new(Int8Chunks(inner));
                 for (n, files_n) in per_numa.iter_mut().enumerate() {
                     for (kind_i, kind) in ["quant", "scale"].iter().enumerate() {
-                        let size = src.0.part_len(2 * n + kind_i);
+                        let size = producer.plan().part_len(2 * n + kind_i);
                         let fname = format!("INT8_{proj}_{x}_{size}Byte_{kind}_.kt");
                         let mut f = VirtualFile::new();
-                        f.push(Extent::Computed { source: src.clone(), id: (2 * n + kind_i) as u64, len: size });
+                        f.push(producer.extent((2 * n + kind_i) as u64));
                         let f = Arc::new(f);
                         tree.add_file_arc(ndirs[n], &fname, f.clone());
                         files_n.push((format!("_layer_{l}/_numa_{n}/{fname}"), f));
