@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 use xpackfs::codec::simd::{self, Level};
-use xpackfs::codec::{self, fp8, kt_int8, mxfp4, GgmlType, QuantType};
+use xpackfs::codec::{self, GgmlType, QuantType, fp8, kt_int8, mxfp4};
 
 type QuantFn = unsafe extern "C" fn(*const f32, *mut u8, i64, i64, *const f32) -> usize;
 type DequantFn = unsafe extern "C" fn(*const u8, *mut f32, i64);
@@ -59,8 +59,17 @@ struct Table {
 impl Table {
     fn header(&self, what: &str, unit: &str, peer: &str) {
         println!("\n{what} ({unit}; ratio = xpackfs / {peer}, same thread count)");
-        println!("| {:<24} | {:<7} | {:>10} | {:>10} | {:>6} | {:>10} | {:>10} | {:>6} |", "codec", "level", format!("{peer} 1t"), "xpackfs 1t", "ratio",
-            format!("{peer} {}t", self.cores), format!("xpackfs {}t", self.cores), "ratio");
+        println!(
+            "| {:<24} | {:<7} | {:>10} | {:>10} | {:>6} | {:>10} | {:>10} | {:>6} |",
+            "codec",
+            "level",
+            format!("{peer} 1t"),
+            "xpackfs 1t",
+            "ratio",
+            format!("{peer} {}t", self.cores),
+            format!("xpackfs {}t", self.cores),
+            "ratio"
+        );
         println!("|{:-<26}|{:-<9}|{:->12}|{:->12}|{:->8}|{:->12}|{:->12}|{:->8}|", "", "", "", "", "", "", "", "");
     }
     /// `t`: [peer 1t, level... 1t, peer Nt, level... Nt] in seconds for `m` million units.
@@ -68,7 +77,17 @@ impl Table {
         let nl = levels.len();
         for (i, l) in levels.iter().enumerate() {
             let (p1, x1, pn, xn) = (t[0], t[1 + i], t[1 + nl], t[2 + nl + i]);
-            println!("| {:<24} | {:<7} | {:>10.1} | {:>10.1} | {:>6.2} | {:>10.1} | {:>10.1} | {:>6.2} |", name, l.name(), m / p1, m / x1, p1 / x1, m / pn, m / xn, pn / xn);
+            println!(
+                "| {:<24} | {:<7} | {:>10.1} | {:>10.1} | {:>6.2} | {:>10.1} | {:>10.1} | {:>6.2} |",
+                name,
+                l.name(),
+                m / p1,
+                m / x1,
+                p1 / x1,
+                m / pn,
+                m / xn,
+                pn / xn
+            );
         }
     }
 }
@@ -99,7 +118,11 @@ fn main() {
     let table = Table { cores: rayon::current_num_threads() };
     let pool1v = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     let pool1 = &pool1v;
-    println!("{n} rows x {k} values, median of {reps}; SIMD levels {:?}; process level {}", levels.iter().map(|l| l.name()).collect::<Vec<_>>(), simd::describe());
+    println!(
+        "{n} rows x {k} values, median of {reps}; SIMD levels {:?}; process level {}",
+        levels.iter().map(|l| l.name()).collect::<Vec<_>>(),
+        simd::describe()
+    );
     println!("(machine load during the run: {})", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
 
     table.header("quantisers", "million weights/s", "ggml");
@@ -220,41 +243,53 @@ fn main() {
     let (kn, kk) = (n / 64 * 64, k);
     type Job<'a> = Box<dyn Fn(Level, bool) + Sync + 'a>;
     let jobs: Vec<(&str, Job)> = vec![
-        ("MXFP4 (DeepSeek) -> f32", Box::new(|l: Level, par: bool| {
-            let mut o = vec![0f32; n * k];
-            if par {
-                o.par_chunks_mut(16 * k).zip(packed.par_chunks(8 * k)).zip(scales.par_chunks(k / 2)).for_each(|((d, p), s)| mxfp4::dequantize_deepseek_at(l, p, s, k, d).unwrap());
-            } else {
-                mxfp4::dequantize_deepseek_at(l, &packed, &scales, k, &mut o).unwrap();
-            }
-            std::hint::black_box(o);
-        })),
-        ("FP8 E4M3 -> BF16", Box::new(|l: Level, par: bool| {
-            let mut o = vec![0u16; n * k];
-            if par {
-                fp8w.par_chunks(16 * k).zip(o.par_chunks_mut(16 * k)).enumerate().for_each(|(c, (w, d))| geo.to_bf16_at(l, w, 16 * c, &s8, d).unwrap());
-            } else {
-                geo.to_bf16_at(l, &fp8w, 0, &s8, &mut o).unwrap();
-            }
-            std::hint::black_box(o);
-        })),
-        ("kt INT8 quantise + pack", Box::new(|l: Level, par: bool| {
-            let w = &x[..kn * kk];
-            let mut packed = vec![0u8; kn * kk];
-            let mut d = vec![0f32; kn];
-            if par {
-                packed.par_chunks_mut(64 * kk).zip(d.par_chunks_mut(64)).zip(w.par_chunks(64 * kk)).for_each(|((p, d), w)| {
-                    let mut q = vec![0i8; 64 * kk];
-                    kt_int8::quantize_at(l, w, 64, kk, &mut q, d).unwrap();
-                    kt_int8::pack(&q, 64, kk, p).unwrap();
-                });
-            } else {
-                let mut q = vec![0i8; kn * kk];
-                kt_int8::quantize_at(l, w, kn, kk, &mut q, &mut d).unwrap();
-                kt_int8::pack(&q, kn, kk, &mut packed).unwrap();
-            }
-            std::hint::black_box((packed, d));
-        })),
+        (
+            "MXFP4 (DeepSeek) -> f32",
+            Box::new(|l: Level, par: bool| {
+                let mut o = vec![0f32; n * k];
+                if par {
+                    o.par_chunks_mut(16 * k)
+                        .zip(packed.par_chunks(8 * k))
+                        .zip(scales.par_chunks(k / 2))
+                        .for_each(|((d, p), s)| mxfp4::dequantize_deepseek_at(l, p, s, k, d).unwrap());
+                } else {
+                    mxfp4::dequantize_deepseek_at(l, &packed, &scales, k, &mut o).unwrap();
+                }
+                std::hint::black_box(o);
+            }),
+        ),
+        (
+            "FP8 E4M3 -> BF16",
+            Box::new(|l: Level, par: bool| {
+                let mut o = vec![0u16; n * k];
+                if par {
+                    fp8w.par_chunks(16 * k).zip(o.par_chunks_mut(16 * k)).enumerate().for_each(|(c, (w, d))| geo.to_bf16_at(l, w, 16 * c, &s8, d).unwrap());
+                } else {
+                    geo.to_bf16_at(l, &fp8w, 0, &s8, &mut o).unwrap();
+                }
+                std::hint::black_box(o);
+            }),
+        ),
+        (
+            "kt INT8 quantise + pack",
+            Box::new(|l: Level, par: bool| {
+                let w = &x[..kn * kk];
+                let mut packed = vec![0u8; kn * kk];
+                let mut d = vec![0f32; kn];
+                if par {
+                    packed.par_chunks_mut(64 * kk).zip(d.par_chunks_mut(64)).zip(w.par_chunks(64 * kk)).for_each(|((p, d), w)| {
+                        let mut q = vec![0i8; 64 * kk];
+                        kt_int8::quantize_at(l, w, 64, kk, &mut q, d).unwrap();
+                        kt_int8::pack(&q, 64, kk, p).unwrap();
+                    });
+                } else {
+                    let mut q = vec![0i8; kn * kk];
+                    kt_int8::quantize_at(l, w, kn, kk, &mut q, &mut d).unwrap();
+                    kt_int8::pack(&q, kn, kk, &mut packed).unwrap();
+                }
+                std::hint::black_box((packed, d));
+            }),
+        ),
     ];
     for (name, job) in &jobs {
         let mut v: Vec<Box<dyn FnMut() + '_>> = Vec::new();

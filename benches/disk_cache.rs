@@ -118,7 +118,8 @@ fn hit_reads(root: &Path, n: u64, len: usize, rounds: usize) {
 }
 
 fn miss_path(root: &Path, chunks: u64, rows: usize, k: usize, rounds: usize) {
-    let x: Vec<f32> = data(7, rows * k * 4).chunks_exact(4).map(|b| (u32::from_le_bytes(b.try_into().unwrap()) >> 8) as f32 / (1u32 << 24) as f32 - 0.5).collect();
+    let x: Vec<f32> =
+        data(7, rows * k * 4).chunks_exact(4).map(|b| (u32::from_le_bytes(b.try_into().unwrap()) >> 8) as f32 / (1u32 << 24) as f32 - 0.5).collect();
     let x = Arc::new(x);
     let unit = Arc::new(vec![1.0f32; k]);
     let g = QuantType::Iq2Xxs.ggml();

@@ -13,8 +13,8 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr,
+    ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
 };
 
 struct Pass {
@@ -53,11 +53,7 @@ impl Filesystem for Pass {
         Ok(())
     }
     fn lookup(&self, _r: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent.0 == 1 && name == "file" {
-            reply.entry(&TTL, &attr(2, self.size, false), Generation(0))
-        } else {
-            reply.error(Errno::ENOENT)
-        }
+        if parent.0 == 1 && name == "file" { reply.entry(&TTL, &attr(2, self.size, false), Generation(0)) } else { reply.error(Errno::ENOENT) }
     }
     fn getattr(&self, _r: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         reply.attr(&TTL, &attr(ino.0, if ino.0 == 2 { self.size } else { 0 }, ino.0 == 1))
@@ -80,10 +76,8 @@ impl Filesystem for Pass {
         }
     }
     fn readdir(&self, _r: &Request, _ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        for (i, (ino, kind, name)) in [(1, FileType::Directory, "."), (1, FileType::Directory, ".."), (2, FileType::RegularFile, "file")]
-            .into_iter()
-            .enumerate()
-            .skip(offset as usize)
+        for (i, (ino, kind, name)) in
+            [(1, FileType::Directory, "."), (1, FileType::Directory, ".."), (2, FileType::RegularFile, "file")].into_iter().enumerate().skip(offset as usize)
         {
             if reply.add(INodeNo(ino), (i + 1) as u64, kind, name) {
                 break;

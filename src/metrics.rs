@@ -14,13 +14,13 @@
 //! the tiers' sizes) are read from their snapshots at scrape time by a [`Collector`]
 //! ([`Snapshot`] turns any such list of `(name, help, value)` into samples).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub use prometheus_client::collector::Collector;
 pub use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
-pub use prometheus_client::metrics::family::Family;
 pub use prometheus_client::metrics::MetricType;
+pub use prometheus_client::metrics::family::Family;
 pub use prometheus_client::registry::Registry;
 
 /// A monotonic count (exported as `<name>_total`).
@@ -292,7 +292,9 @@ mod tests {
     #[test]
     fn snapshot_collector() {
         let mut r = Registry::with_prefix("xpackfs");
-        r.register_collector(Box::new(Snapshot(|| vec![("compute_threads", "Threads.", Sample::Gauge(2)), ("compute_failed", "Failures", Sample::Counter(5))])));
+        r.register_collector(Box::new(Snapshot(|| {
+            vec![("compute_threads", "Threads.", Sample::Gauge(2)), ("compute_failed", "Failures", Sample::Counter(5))]
+        })));
         let text = render(&r);
         assert!(text.contains("# HELP xpackfs_compute_threads Threads.\n"), "{text}");
         assert!(text.contains("xpackfs_compute_threads 2\n"), "{text}");

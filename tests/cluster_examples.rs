@@ -73,9 +73,8 @@ fn slurm_script_runs_digest_parts_and_finalize() {
     let said = String::from_utf8_lossy(&r.stdout);
     assert!(said.contains("array 0-2"), "{said}");
     // Three jobs; the array job ran three tasks; every job succeeded.
-    let jobs: Vec<serde_json::Value> = (1000..1003)
-        .map(|j| serde_json::from_slice(&std::fs::read(slurm.join(format!("{j}.json"))).unwrap()).unwrap())
-        .collect();
+    let jobs: Vec<serde_json::Value> =
+        (1000..1003).map(|j| serde_json::from_slice(&std::fs::read(slurm.join(format!("{j}.json"))).unwrap()).unwrap()).collect();
     for (j, job) in jobs.iter().enumerate() {
         let logs: String = (0..3).filter_map(|t| std::fs::read_to_string(slurm.join(format!("{}_{t}.log", 1000 + j))).ok()).collect();
         let none = std::fs::read_to_string(slurm.join(format!("{}_None.log", 1000 + j))).unwrap_or_default();

@@ -2,7 +2,7 @@
 //! decoder must reproduce them bit for bit, at every SIMD level this machine has.
 //! Format: see tools/ggml_ref.py.
 
-use xpackfs::codec::{self, simd, GgmlType, QuantType};
+use xpackfs::codec::{self, GgmlType, QuantType, simd};
 
 struct Record {
     name: String,

@@ -6,7 +6,7 @@
 //! `tools/ggml_ref.py diff`, which also run at every level.)
 
 use xpackfs::codec::simd::{self, Level};
-use xpackfs::codec::{self, float, fp8, kt_int8, mxfp4, GgmlType, QuantType};
+use xpackfs::codec::{self, GgmlType, QuantType, float, fp8, kt_int8, mxfp4};
 
 struct Rng(u64);
 
@@ -215,7 +215,10 @@ fn decoders_equal_scalar_at_every_level() {
         }
         // F16/BF16 entry points used by the views directly, with odd lengths.
         let src = rng.bytes(2 * 777);
-        for (f, r) in [(float::f16_to_f32_at as fn(Level, &[u8], &mut [f32]), float::f16_to_f32_scalar as fn(&[u8], &mut [f32])), (float::bf16_to_f32_at, float::bf16_to_f32_scalar)] {
+        for (f, r) in [
+            (float::f16_to_f32_at as fn(Level, &[u8], &mut [f32]), float::f16_to_f32_scalar as fn(&[u8], &mut [f32])),
+            (float::bf16_to_f32_at, float::bf16_to_f32_scalar),
+        ] {
             let (mut a, mut b) = (vec![0f32; 777], vec![0f32; 777]);
             f(level, &src, &mut a);
             r(&src, &mut b);
@@ -271,7 +274,8 @@ fn fp8_to_bf16_equals_scalar_at_every_level() {
     let scale_cols = cols.div_ceil(32);
     let rows = 2 * 128;
     let geo = fp8::Fp8Blocks { rows, cols, block_rows: 2, block_cols: 32 };
-    let w: Vec<u8> = (0..rows * cols).map(|i| if i % 3 == 0 { (i % 256) as u8 } else { rng.next() as u8 }).map(|b| if b & 0x7F == 0x7F { 0x3A } else { b }).collect();
+    let w: Vec<u8> =
+        (0..rows * cols).map(|i| if i % 3 == 0 { (i % 256) as u8 } else { rng.next() as u8 }).map(|b| if b & 0x7F == 0x7F { 0x3A } else { b }).collect();
     let scales: Vec<u8> = (0..rows.div_ceil(2) * scale_cols).map(|i| [1u8, 100, 127, 130, 200, 240, 0][i % 7]).collect();
     let want_at = |w: &[u8], s: &[u8]| {
         let mut o = vec![0u16; w.len()];

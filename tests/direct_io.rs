@@ -201,7 +201,10 @@ fn o_direct_whole_pack_read_leaves_the_source_out_of_the_page_cache() {
         assert_eq!(r["verified"].as_u64(), Some(l.objects));
         let pct = cached_bytes(&src) * 100 / size;
         eprintln!("[{opts}] O_DIRECT={direct}: {pct}% of the source cached");
-        assert!((at_least..=at_most).contains(&pct), "[{opts}] O_DIRECT={direct}: {pct}% of the source cached after reading the pack, want {at_least}..={at_most}%");
+        assert!(
+            (at_least..=at_most).contains(&pct),
+            "[{opts}] O_DIRECT={direct}: {pct}% of the source cached after reading the pack, want {at_least}..={at_most}%"
+        );
         m.unmount();
     }
 }

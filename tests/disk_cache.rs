@@ -30,7 +30,11 @@ fn v4_large(dir: &Path) -> PathBuf {
 
 /// Every file of a mount (the status directory left out), read whole.
 fn read_all(mnt: &Path) -> BTreeMap<String, Vec<u8>> {
-    tree_files(mnt).into_iter().filter(|n| !n.starts_with(".xpackfs")).map(|n| (n.clone(), std::fs::read(mnt.join(&n)).unwrap_or_else(|e| panic!("{n}: {e}")))).collect()
+    tree_files(mnt)
+        .into_iter()
+        .filter(|n| !n.starts_with(".xpackfs"))
+        .map(|n| (n.clone(), std::fs::read(mnt.join(&n)).unwrap_or_else(|e| panic!("{n}: {e}"))))
+        .collect()
 }
 
 fn stats(m: &Mount) -> serde_json::Value {
@@ -318,7 +322,12 @@ fn a_changed_recipe_or_source_never_meets_old_entries() {
     let bytes = std::fs::read(&shard).unwrap();
     let hlen = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + hlen]).unwrap();
-    let (name, t) = header.as_object().unwrap().iter().find(|(n, _)| n.contains(".ffn.experts.") && n.ends_with(".w1.weight")).expect("an expert weight in the first shard");
+    let (name, t) = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(n, _)| n.contains(".ffn.experts.") && n.ends_with(".w1.weight"))
+        .expect("an expert weight in the first shard");
     let at = 8 + hlen + t["data_offsets"][0].as_u64().unwrap() as usize;
     let mut changed = bytes.clone();
     changed[at] ^= 0x77;

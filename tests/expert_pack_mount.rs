@@ -34,7 +34,11 @@ fn pack_equals_gguf_reader_slices_through_pread_mmap_and_o_direct() {
 #[test]
 fn pack_and_manifest_match_the_seed_build() {
     let out = tempfile::tempdir().unwrap();
-    seed_expert_pack(&sample(), out.path(), &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"]);
+    seed_expert_pack(
+        &sample(),
+        out.path(),
+        &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"],
+    );
     let m = Mount::new(&sample(), &[&format!("model_identity_sha256={ID}"), &format!("config_sha256={CFG}"), "top_k=2", "alignment=8192", "model_ref=toy-moe"]);
     let seed_pack = std::fs::read(out.path().join("sample-moe.pack")).unwrap();
     let our_pack = std::fs::read(m.path("sample-moe.pack")).unwrap();
@@ -109,14 +113,7 @@ fn checker_fails_on_corrupted_packs() {
         let mut bad = good.clone();
         bad[offset] ^= 0x40;
         std::fs::write(&pack, &bad).unwrap();
-        let out = python()
-            .arg(repo().join("tools/check_pack.py"))
-            .args(["--source"])
-            .arg(sample())
-            .arg("--pack")
-            .arg(&pack)
-            .output()
-            .unwrap();
+        let out = python().arg(repo().join("tools/check_pack.py")).args(["--source"]).arg(sample()).arg("--pack").arg(&pack).output().unwrap();
         assert!(!out.status.success(), "checker accepted a pack with a corrupted {what}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("FAIL"), "{}", String::from_utf8_lossy(&out.stderr));
     }
@@ -230,14 +227,8 @@ fn umount_leaves_no_process_and_remount_is_instant_from_the_store() {
     // One entry for the source's digests, one for the pack's own digest (pack_sha256).
     let entries = |dir: &std::path::Path| std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.path().is_file()).count()).unwrap_or(0);
     assert_eq!((entries(m.store.path()), entries(&m.store.path().join("views"))), (1, 1), "digests were remembered");
-    let out = Command::new(bin())
-        .arg("mount")
-        .arg(sample())
-        .arg(&m.mountpoint)
-        .arg("-o")
-        .arg(format!("digest_store={}", m.store.path().display()))
-        .output()
-        .unwrap();
+    let out =
+        Command::new(bin()).arg("mount").arg(sample()).arg(&m.mountpoint).arg("-o").arg(format!("digest_store={}", m.store.path().display())).output().unwrap();
     assert!(out.status.success());
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("source digests from the store") && !log.contains("hashing"), "{log}");
@@ -291,14 +282,11 @@ fn mount_helper_forms() {
 
     // mount.fuse3 with drop_privileges opens /dev/fuse itself and passes /dev/fd/N.
     wait_until("daemon exit", Duration::from_secs(10), || live_processes_mentioning(&mnt.to_string_lossy()).is_empty());
-    run_ok(
-        Command::new("mount.fuse3")
-            .env("PATH", &path)
-            .arg(format!("xpackfs#{}", sample().display()))
-            .arg(&mnt)
-            .arg("-o")
-            .arg(format!("drop_privileges,mountpoint_path={},digest_store={}", mnt.display(), store.path().display())),
-    );
+    run_ok(Command::new("mount.fuse3").env("PATH", &path).arg(format!("xpackfs#{}", sample().display())).arg(&mnt).arg("-o").arg(format!(
+        "drop_privileges,mountpoint_path={},digest_store={}",
+        mnt.display(),
+        store.path().display()
+    )));
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(mnt.join("sample-moe.pack.manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["pack_path"], mnt.join("sample-moe.pack").to_string_lossy().as_ref());
     assert_eq!(std::fs::read(mnt.join("sample-moe.pack")).unwrap().len(), a.len());
@@ -344,12 +332,7 @@ fn read_ahead_kb_option_sets_the_mounts_bdi() {
     // ran, and the mount deadlocked on its own GETATTR.
     let m = Mount::new(&sample(), &["read_ahead_kb=2048"]);
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let dev = info
-        .lines()
-        .map(|l| l.split(' ').collect::<Vec<_>>())
-        .find(|f| f[4] == m.mountpoint.to_string_lossy())
-        .map(|f| f[2].to_string())
-        .unwrap();
+    let dev = info.lines().map(|l| l.split(' ').collect::<Vec<_>>()).find(|f| f[4] == m.mountpoint.to_string_lossy()).map(|f| f[2].to_string()).unwrap();
     let ra = std::fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap();
     assert_eq!(ra.trim(), "2048");
     m.unmount();

@@ -22,11 +22,11 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use common::*;
 
@@ -100,18 +100,8 @@ struct Outcome {
     note: String,
 }
 
-const CLASSES: [&str; 10] = [
-    "panic",
-    "abort",
-    "hang",
-    "rss_over_256mib",
-    "rss_over_1gib",
-    "served_as_valid",
-    "vague_message",
-    "materialize_leftover",
-    "valid_refused",
-    "eio_missing",
-];
+const CLASSES: [&str; 10] =
+    ["panic", "abort", "hang", "rss_over_256mib", "rss_over_1gib", "served_as_valid", "vague_message", "materialize_leftover", "valid_refused", "eio_missing"];
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -472,19 +462,21 @@ fn hostile_corpus() {
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..env_or("XPACKFS_HOSTILE_JOBS", 3usize) {
-            s.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some((i, entry)) = jobs.get(k) else { break };
-                let case = &cases[*i];
-                let work = work_root.join(format!("{k}"));
-                std::fs::create_dir_all(&work).unwrap();
-                let o = if entry.starts_with("mount:") {
-                    run_mount(case, entry.strip_prefix("mount:").unwrap(), &work, timeout)
-                } else {
-                    run_command(case, entry, &work, timeout)
-                };
-                let _ = std::fs::remove_dir_all(&work);
-                results.lock().unwrap().push((*i, entry.clone(), o));
+            s.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((i, entry)) = jobs.get(k) else { break };
+                    let case = &cases[*i];
+                    let work = work_root.join(format!("{k}"));
+                    std::fs::create_dir_all(&work).unwrap();
+                    let o = if entry.starts_with("mount:") {
+                        run_mount(case, entry.strip_prefix("mount:").unwrap(), &work, timeout)
+                    } else {
+                        run_command(case, entry, &work, timeout)
+                    };
+                    let _ = std::fs::remove_dir_all(&work);
+                    results.lock().unwrap().push((*i, entry.clone(), o));
+                }
             });
         }
     });

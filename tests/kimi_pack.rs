@@ -257,10 +257,22 @@ fn bad_inputs_are_refused_at_mount_naming_the_rule() {
     sglang_refuses(&dir, true, "GGUF split metadata mismatch");
 
     let cases: [(&str, &[&str], &str); 7] = [
-        ("arch", &["Kimi-K3-fixture-00001-of-00003.gguf", "general.architecture is \"deepseek2\"; the kimi-pack view needs \"kimi-k3\""], "expected GGUF architecture 'kimi-k3'"),
-        ("no-arch-in-shard", &["Kimi-K3-fixture-00002-of-00003.gguf", "GGUF metadata lacks general.architecture"], "missing required field 'general.architecture'"),
+        (
+            "arch",
+            &["Kimi-K3-fixture-00001-of-00003.gguf", "general.architecture is \"deepseek2\"; the kimi-pack view needs \"kimi-k3\""],
+            "expected GGUF architecture 'kimi-k3'",
+        ),
+        (
+            "no-arch-in-shard",
+            &["Kimi-K3-fixture-00002-of-00003.gguf", "GGUF metadata lacks general.architecture"],
+            "missing required field 'general.architecture'",
+        ),
         ("missing-expert", &["routed-expert coverage", "missing 1 (blk.2.ffn_gate_exps.weight)"], "routed expert tensor coverage mismatch"),
-        ("duplicate-expert", &["tensor \"blk.02.ffn_up_exps.weight\"", "duplicate routed-expert tensor for layer 2 role up", "\"blk.2.ffn_up_exps.weight\" names it too"], "duplicate routed expert tensor"),
+        (
+            "duplicate-expert",
+            &["tensor \"blk.02.ffn_up_exps.weight\"", "duplicate routed-expert tensor for layer 2 role up", "\"blk.2.ffn_up_exps.weight\" names it too"],
+            "duplicate routed expert tensor",
+        ),
         ("dtype", &["tensor \"blk.2.ffn_down_exps.weight\"", "role down must be Q3_K (SGLang's Kimi layout), the tensor is Q4_K"], "unexpected expert dtype"),
         ("uneven", &["tensor \"blk.2.ffn_up_exps.weight\"", "uneven slicing", "do not split into 8 equal expert slices"], "unexpected expert shape"),
         // ggml's 63-byte name rule (the source layer) comes before the pack index's 127.
@@ -279,7 +291,11 @@ fn bad_inputs_are_refused_at_mount_naming_the_rule() {
     refused(&shards(&dir)[0], &["view=kimi-pack".to_string()], &["model_check=audited", "num_experts is 8 (audited: 896)"]);
     sglang_refuses(&dir, false, "do not match the audited model");
     // Options that go together.
-    refused(&shards(&dir)[0], &["view=kimi-pack".into(), format!("model_config={}", dir.join("config.json").display())], &["model_config and tokenizer_dir are given together"]);
+    refused(
+        &shards(&dir)[0],
+        &["view=kimi-pack".into(), format!("model_config={}", dir.join("config.json").display())],
+        &["model_config and tokenizer_dir are given together"],
+    );
     // Not a numbered shard set.
     let single = tmp.path().join("single.gguf");
     std::fs::copy(sample(), &single).unwrap();
@@ -308,9 +324,25 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
     let store = tempfile::tempdir().unwrap();
     let popts = kimi_opts(&dir, &["model_check=layout", "full_source_hashes", "full_pack_hash", &format!("digest_store={}", store.path().display())]).join(",");
     for part in ["0/2", "1/2"] {
-        run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&parts_out).args(["--margin-gib", "0", "--piece-size", "256K", "--partition", part, "-o", &popts]));
+        run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&parts_out).args([
+            "--margin-gib",
+            "0",
+            "--piece-size",
+            "256K",
+            "--partition",
+            part,
+            "-o",
+            &popts,
+        ]));
     }
-    run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&parts_out).args(["--margin-gib", "0", "--finalize", "--verify", "-o", &popts]));
+    run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&parts_out).args([
+        "--margin-gib",
+        "0",
+        "--finalize",
+        "--verify",
+        "-o",
+        &popts,
+    ]));
     assert_eq!(tree_files(&parts_out), tree_files(&out));
     assert!(std::fs::read(parts_out.join("Kimi-K3-fixture.expert-major.pack")).unwrap() == std::fs::read(&pack).unwrap());
     let mut a = load(&parts_out.join("Kimi-K3-fixture.expert-major.pack.manifest.json"));
@@ -354,6 +386,12 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
 
     // The pack alone (no config): verified against the dimensions the GGUF states.
     let alone = tmp.path().join("alone");
-    run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&alone).args(["--margin-gib", "0", "--verify", "-o", "view=kimi-pack,model_check=layout,digest_store=none"]));
+    run_ok(Command::new(bin()).arg("materialize").arg(&shards(&dir)[1]).arg("--out").arg(&alone).args([
+        "--margin-gib",
+        "0",
+        "--verify",
+        "-o",
+        "view=kimi-pack,model_check=layout,digest_store=none",
+    ]));
     assert!(std::fs::read(alone.join("Kimi-K3-fixture.expert-major.pack")).unwrap() == good);
 }

@@ -48,9 +48,8 @@ fn layers_import_downwards_only() {
             for (no, line) in text.lines().enumerate() {
                 for higher in forbidden(layer) {
                     let names = |prefix: &str| {
-                        line.match_indices(&format!("{prefix}{higher}")).any(|(at, m)| {
-                            !line[at + m.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
-                        })
+                        line.match_indices(&format!("{prefix}{higher}"))
+                            .any(|(at, m)| !line[at + m.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_'))
                     };
                     if names("crate::") || (top && names("super::")) {
                         broken.push(format!("{}:{}: src/{layer} names {higher}: {}", file.display(), no + 1, line.trim()));

@@ -14,8 +14,7 @@ fn materialize(source: &Path, out: &Path, extra: &[&str]) -> std::process::Outpu
 
 fn files(dir: &Path) -> Vec<String> {
     // Hidden entries (the mount's /.xpackfs status directory) are not part of the view.
-    let mut v: Vec<String> =
-        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| !n.starts_with('.')).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| !n.starts_with('.')).collect();
     v.sort();
     v
 }
@@ -72,7 +71,14 @@ fn kill_9_at_several_points_then_resume_gives_identical_bytes() {
     let mut kills = 0;
     for (i, delay_ms) in [40u64, 120, 250, 400, 600].into_iter().enumerate() {
         let mut cmd = Command::new(bin());
-        cmd.arg("materialize").arg(src.path()).arg("--out").arg(out.path()).args(["--margin-gib", "0", "--chunk-kib", "4", "-o", "view=requant,digest_store=none"]);
+        cmd.arg("materialize").arg(src.path()).arg("--out").arg(out.path()).args([
+            "--margin-gib",
+            "0",
+            "--chunk-kib",
+            "4",
+            "-o",
+            "view=requant,digest_store=none",
+        ]);
         cmd.env("XPACKFS_TEST_SYNC_EVERY_CHUNK", "1");
         if i > 0 {
             cmd.arg("--resume");
@@ -201,9 +207,10 @@ fn partitions_then_finalize_equal_a_single_run() {
         if let Some(manifest) = tree_files(&reference).iter().find(|n| n.ends_with(".pack.manifest.json")) {
             let m: serde_json::Value = serde_json::from_slice(&std::fs::read(reference.join(manifest)).unwrap()).unwrap();
             let sha = m["pack_sha256"].as_str().unwrap();
-            let recorded = std::fs::read_dir(store.join("views")).unwrap().flatten().any(|e| {
-                std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<Vec<String>>(&b).ok()).is_some_and(|d| d.iter().any(|h| h == sha))
-            });
+            let recorded = std::fs::read_dir(store.join("views"))
+                .unwrap()
+                .flatten()
+                .any(|e| std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<Vec<String>>(&b).ok()).is_some_and(|d| d.iter().any(|h| h == sha)));
             assert!(recorded, "{opts}: pack_sha256 not recorded in the digest store");
         }
         // The manifests' digests are in the store: a mount serves them computing nothing.

@@ -68,7 +68,12 @@ fn metrics_endpoint_serves_counters_that_move_with_reads() {
     assert_eq!(listeners_on(port), [format!("0100007F:{port:04X}")]);
 
     let before = scrape(port);
-    for t in ["# TYPE xpackfs_bytes_served counter", "# TYPE xpackfs_read_latency_seconds histogram", "# TYPE xpackfs_cache_hits counter", "# HELP xpackfs_bytes_served "] {
+    for t in [
+        "# TYPE xpackfs_bytes_served counter",
+        "# TYPE xpackfs_read_latency_seconds histogram",
+        "# TYPE xpackfs_cache_hits counter",
+        "# HELP xpackfs_bytes_served ",
+    ] {
         assert!(before.contains(t), "{t} not in:\n{before}");
     }
     let body = before.split_once("\r\n\r\n").unwrap().1;

@@ -18,8 +18,7 @@ fn seed_convert(src: &Path, out: &Path, recipe: &[&str]) {
 
 fn listing(dir: &Path) -> Vec<String> {
     // Hidden entries (the mount's /.xpackfs status directory) are not part of the view.
-    let mut v: Vec<String> =
-        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| !n.starts_with('.')).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| !n.starts_with('.')).collect();
     v.sort();
     v
 }
@@ -104,9 +103,8 @@ fn imatrix_in_both_formats_lowers_the_weighted_error() {
     let unit = Mount::new(src.path(), &["view=requant"]);
     for imat in [&gguf_imat, &dat_imat] {
         let m = Mount::new(src.path(), &["view=requant", &format!("imatrix={}", imat.display())]);
-        let out = run_ok(
-            python().arg(repo().join("tools/imatrix_tool.py")).arg("gain").arg(src.path()).arg(&unit.mountpoint).arg(&m.mountpoint).arg(&gguf_imat),
-        );
+        let out =
+            run_ok(python().arg(repo().join("tools/imatrix_tool.py")).arg("gain").arg(src.path()).arg(&unit.mountpoint).arg(&m.mountpoint).arg(&gguf_imat));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert!(v["imatrix_over_unit"].as_f64().unwrap() < 0.9, "{v}");
         // The manifests say which importance was used, per tensor.

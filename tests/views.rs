@@ -69,7 +69,11 @@ const CFG: &str = "2222222222222222222222222222222222222222222222222222222222222
 #[test]
 fn expert_pack_equals_the_seed_build() {
     let (seed, out, store) = (tmp(), tmp(), tmp());
-    seed_expert_pack(&sample(), seed.path(), &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"]);
+    seed_expert_pack(
+        &sample(),
+        seed.path(),
+        &["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "8192", "--model-ref", "toy-moe"],
+    );
     let (id, cfg) = (format!("model_identity_sha256={ID}"), format!("config_sha256={CFG}"));
     let built = dump(&sample(), &[&id, &cfg, "top_k=2", "alignment=8192", "model_ref=toy-moe"], out.path(), out.path(), store.path());
     assert_eq!(built.view.name(), "expert-pack");
@@ -77,7 +81,15 @@ fn expert_pack_equals_the_seed_build() {
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("sample-moe.pack.manifest.json")).unwrap()).unwrap();
     assert_eq!(m["pack_path"], out.path().join("sample-moe.pack").to_string_lossy().as_ref());
     assert_eq!(m["pack_sha256"], xpackfs::digest::sha256_hex(&std::fs::read(out.path().join("sample-moe.pack")).unwrap()));
-    run_ok(python().arg(repo().join("tools/check_pack.py")).arg("--source").arg(sample()).arg("--pack").arg(out.path().join("sample-moe.pack")).args(["--modes", "pread"]));
+    run_ok(
+        python()
+            .arg(repo().join("tools/check_pack.py"))
+            .arg("--source")
+            .arg(sample())
+            .arg("--pack")
+            .arg(out.path().join("sample-moe.pack"))
+            .args(["--modes", "pread"]),
+    );
 }
 
 #[test]
@@ -125,7 +137,15 @@ fn kt_int8_passes_the_seed_validator_and_the_numpy_oracle() {
         let (out, store) = (tmp(), tmp());
         let built = dump(&source, &["view=kt-int8", "numa_count=2"], Path::new("/mnt/x"), out.path(), store.path());
         assert!(built.view.exclusive_root());
-        run_ok(python().arg(repo().join("tools/seed_validate_int8.py")).arg("--seeds").arg(shared().join("seeds")).arg(out.path()).args(expect).arg("--verify-hashes"));
+        run_ok(
+            python()
+                .arg(repo().join("tools/seed_validate_int8.py"))
+                .arg("--seeds")
+                .arg(shared().join("seeds"))
+                .arg(out.path())
+                .args(expect)
+                .arg("--verify-hashes"),
+        );
         run_ok(python().arg(repo().join("tools/check_int8.py")).arg("--source").arg(&source).arg("--tree").arg(out.path()));
     }
 }

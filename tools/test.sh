@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: install what the tests need, build the reference ggml
 # (tools/build_ggml_ref.sh; the requantisation tests run the fourth seed with it), then
-#  0. clippy on every target with warnings as errors (and every unsafe block documented),
+#  0. rustfmt (rustfmt.toml) of the crate and the fuzz crate, then clippy on every target with warnings as errors (and every unsafe block documented),
 #  1. every Rust test (unit tests, golden vectors, integration tests that mount for real
 #     and compare with the seeds and Python peers; as root with /dev/fuse),
 #  2. the codec reference checks: the committed golden vectors must be exactly what the
@@ -15,6 +15,9 @@ XPACKFS_GGML_LIB="${XPACKFS_GGML_LIB:-$(bash tools/build_ggml_ref.sh)}"
 export XPACKFS_GGML_LIB
 echo "reference ggml: $XPACKFS_GGML_LIB"
 if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add clippy; fi
+if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add rustfmt; fi
+cargo fmt --check
+(cd fuzz && cargo fmt --check)
 cargo clippy --locked --all-targets --quiet -- -D warnings -D clippy::undocumented_unsafe_blocks
 cargo test --locked --all-targets
 

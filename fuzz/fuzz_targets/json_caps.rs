@@ -2,7 +2,7 @@
 //! The value-counting pass in front of every untrusted JSON file (source::json): it must
 //! accept exactly what serde_json parses, count at most the cap, and never allocate per value.
 use libfuzzer_sys::fuzz_target;
-use xpackfs::source::json::{check_values, JsonError};
+use xpackfs::source::json::{JsonError, check_values};
 
 fuzz_target!(|data: &[u8]| {
     let parsed = serde_json::from_slice::<serde_json::Value>(data);

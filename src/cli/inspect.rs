@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use crate::view::expert_pack::format::{IndexEntry, PackHeader, ENTRY_BYTES, FORMAT, HEADER_BYTES, ROLE_NAMES};
+use crate::view::expert_pack::format::{ENTRY_BYTES, FORMAT, HEADER_BYTES, IndexEntry, PackHeader, ROLE_NAMES};
 
 /// The seed's `inspect_pack` summary of any pack file.
 pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
@@ -18,13 +18,20 @@ pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
     f.read_exact_at(&mut hb, 0).map_err(|e| format!("{}: cannot read the header: {e}", path.display()))?;
     let header = PackHeader::decode(&hb).ok_or_else(|| format!("{}: not an {FORMAT} file (bad magic)", path.display()))?;
     if header.header_bytes as u64 != HEADER_BYTES || header.entry_bytes as u64 != ENTRY_BYTES {
-        return Err(format!("{}: header_bytes/entry_bytes are {}/{}, expected {HEADER_BYTES}/{ENTRY_BYTES}", path.display(), header.header_bytes, header.entry_bytes));
+        return Err(format!(
+            "{}: header_bytes/entry_bytes are {}/{}, expected {HEADER_BYTES}/{ENTRY_BYTES}",
+            path.display(),
+            header.header_bytes,
+            header.entry_bytes
+        ));
     }
     let index_bytes = header
         .index_count
         .checked_mul(ENTRY_BYTES)
         .filter(|n| HEADER_BYTES.checked_add(*n).is_some_and(|end| end <= size && end <= header.data_start))
-        .ok_or_else(|| format!("{}: index of {} entries does not fit before data_start {} / file size {size}", path.display(), header.index_count, header.data_start))?;
+        .ok_or_else(|| {
+            format!("{}: index of {} entries does not fit before data_start {} / file size {size}", path.display(), header.index_count, header.data_start)
+        })?;
     let mut role_counts = BTreeMap::new();
     let mut payload = 0u64;
     let mut first = Vec::new();
@@ -38,9 +45,9 @@ pub fn inspect(path: &std::path::Path, limit: usize) -> Result<Value, String> {
             let e = IndexEntry::decode(chunk);
             let role = ROLE_NAMES.get(e.role_id as usize).copied().unwrap_or("unknown");
             *role_counts.entry(role.to_string()).or_insert(0u64) += 1;
-            payload = payload.checked_add(e.pack_nbytes).ok_or_else(|| {
-                format!("{}: index entry {index}: pack_nbytes {} makes the payload total overflow", path.display(), e.pack_nbytes)
-            })?;
+            payload = payload
+                .checked_add(e.pack_nbytes)
+                .ok_or_else(|| format!("{}: index entry {index}: pack_nbytes {} makes the payload total overflow", path.display(), e.pack_nbytes))?;
             if first.len() < limit {
                 first.push(serde_json::to_value(&e).map_err(|e| e.to_string())?);
             }

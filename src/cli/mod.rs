@@ -81,10 +81,13 @@ the idle I/O class. Exit status: 0 done, 1 failed (some chunks could not be comp
     )]
     Warm(warm::WarmArgs),
     /// Validate a kt-kernel persistent INT8 expert tree (the rules of kt-kernel's validate_persistent_int8_weights)
-    #[command(long_about = "Validate ROOT as kt-kernel's validate_persistent_int8_weights does: schema 1 and 2, root, symlinks, \
+    #[command(
+        long_about = "Validate ROOT as kt-kernel's validate_persistent_int8_weights does: schema 1 and 2, root, symlinks, \
 manifest naming and metadata, per-layer NUMA directories, file names, sizes, identities, inventories and byte totals, and \
 with --verify-hashes every file's sha256. Expectations not given as flags are taken from the manifest. Prints a JSON summary \
-on success. Exit status: 0 valid, 1 invalid (the reason on stderr), 2 usage error.", allow_negative_numbers = true)]
+on success. Exit status: 0 valid, 1 invalid (the reason on stderr), 2 usage error.",
+        allow_negative_numbers = true
+    )]
     ValidateInt8(ValidateArgs),
     /// Print a JSON summary of an expert pack: header, role counts, payload bytes, first entries
     Inspect(inspect::InspectArgs),
@@ -244,9 +247,8 @@ fn validate_int8(a: ValidateArgs) -> i32 {
 fn digest(a: DigestArgs) -> i32 {
     init_logging(false);
     let store = crate::digest::DigestStore::from_option(a.digest_store.as_deref());
-    let result = crate::source::Source::open(&a.source)
-        .map_err(|e| e.to_string())
-        .and_then(|s| crate::digest::obtain(&s, &store, None).map_err(|e| e.to_string()));
+    let result =
+        crate::source::Source::open(&a.source).map_err(|e| e.to_string()).and_then(|s| crate::digest::obtain(&s, &store, None).map_err(|e| e.to_string()));
     match result {
         Ok(d) => {
             println!(
@@ -284,7 +286,9 @@ mod tests {
 
     #[test]
     fn flags_and_o_lists_are_one_set_of_options() {
-        let Cmd::Mount(m) = parse(&["xpackfs", "src.gguf", "/mnt", "-o", "rw,nodev,top_k=4,alignment=65536,allow_other,debug,view=requant,w1=Q8_0"]).unwrap().command else {
+        let Cmd::Mount(m) =
+            parse(&["xpackfs", "src.gguf", "/mnt", "-o", "rw,nodev,top_k=4,alignment=65536,allow_other,debug,view=requant,w1=Q8_0"]).unwrap().command
+        else {
             panic!("not a mount")
         };
         let o = m.options;
@@ -304,7 +308,9 @@ mod tests {
         let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "top_k=2", "-o", "top_k=5"]).unwrap().command else { panic!() };
         assert_eq!(m.options.view.pack.top_k, Some(5));
         // The chunk tiers' options, in both forms, and for warm too.
-        let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "disk_cache=/c,disk_cache_gb=0.5,prewarm=on,compute_threads=3"]).unwrap().command else { panic!() };
+        let Cmd::Mount(m) = parse(&["xpackfs", "s", "/m", "-o", "disk_cache=/c,disk_cache_gb=0.5,prewarm=on,compute_threads=3"]).unwrap().command else {
+            panic!()
+        };
         let t = m.options.view.tiers;
         assert_eq!((t.disk_cache.as_deref(), t.disk_cache_gb, t.prewarm, t.compute_threads), (Some(std::path::Path::new("/c")), Some(0.5), true, Some(3)));
         let Cmd::Warm(w) = parse(&["xpackfs", "warm", "s", "-o", "view=requant,disk_cache=/c", "plan.json", "--nice"]).unwrap().command else { panic!() };

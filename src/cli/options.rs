@@ -10,18 +10,47 @@ use std::ffi::OsString;
 
 /// Generic options accepted and ignored (besides `x-*` and `comment=*`).
 const IGNORED: &[&str] = &[
-    "rw", "ro", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime", "norelatime",
-    "strictatime", "nodiratime", "diratime", "async", "sync", "dirsync", "auto", "noauto", "user", "nouser", "users",
-    "owner", "group", "defaults", "_netdev", "nofail", "default_permissions", "lazytime", "nolazytime", "silent", "loud",
-    "nosymfollow", "symfollow",
+    "rw",
+    "ro",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "async",
+    "sync",
+    "dirsync",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "group",
+    "defaults",
+    "_netdev",
+    "nofail",
+    "default_permissions",
+    "lazytime",
+    "nolazytime",
+    "silent",
+    "loud",
+    "nosymfollow",
+    "symfollow",
 ];
 
 /// The long options of `cmd` (`-o` keys with dashes as underscores), and whether each takes a
 /// value.
 pub fn keys_of(cmd: &clap::Command) -> HashMap<String, bool> {
-    cmd.get_arguments()
-        .filter_map(|a| Some((a.get_long()?.replace('-', "_"), a.get_action().takes_values())))
-        .collect()
+    cmd.get_arguments().filter_map(|a| Some((a.get_long()?.replace('-', "_"), a.get_action().takes_values()))).collect()
 }
 
 /// One `-o` list as flags for `keys`.

@@ -3,12 +3,12 @@
 //! already is skipped); `--nice` runs it on the niced, idle-I/O pool instead.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 use super::AllOptions;
 use crate::store::{DiskMode as Mode, FileEntries, Priority};
-use crate::view::{self, warm, Context, Input, Purpose, VirtualFile};
+use crate::view::{self, Context, Input, Purpose, VirtualFile, warm};
 
 #[derive(Debug, clap::Args)]
 pub struct WarmArgs {

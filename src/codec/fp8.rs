@@ -7,10 +7,10 @@
 
 use std::sync::OnceLock;
 
+use super::CodecError;
 use super::float::f32_to_bf16;
 use super::mxfp4::e8m0_to_f32;
 use super::simd::{self, Level};
-use super::CodecError;
 
 fn e4m3_value(b: u8) -> f32 {
     let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };

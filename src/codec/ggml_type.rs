@@ -51,12 +51,7 @@ const TABLE: &[(u32, &str, u64, u64)] = &[
 
 impl GgmlType {
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        TABLE.iter().find(|row| row.0 == id).map(|&(id, name, block_size, type_size)| GgmlType {
-            id,
-            name,
-            block_size,
-            type_size,
-        })
+        TABLE.iter().find(|row| row.0 == id).map(|&(id, name, block_size, type_size)| GgmlType { id, name, block_size, type_size })
     }
 
     pub fn from_name(name: &str) -> Option<GgmlType> {

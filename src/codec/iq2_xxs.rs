@@ -8,8 +8,8 @@
 //! ordered by (distance, index)). Importance is required, as in the reference.
 
 use super::iq2_tables::{IQ2XXS_GRID, KGRID_2BIT_256, KMASK_IQ2XS, KSIGNS_IQ2XS};
-use super::q2_k::{make_qp_quants, GROUP_MAX_EPS, QK_K};
-use super::{cmax, f32_to_fp16, fp16_to_f32, nearest_int, read_u16, CodecError};
+use super::q2_k::{GROUP_MAX_EPS, QK_K, make_qp_quants};
+use super::{CodecError, cmax, f32_to_fp16, fp16_to_f32, nearest_int, read_u16};
 
 pub const BYTES: usize = 66;
 pub(crate) const KMAP_SIZE: usize = 43692;
@@ -73,9 +73,7 @@ pub(crate) fn find_best_neighbour(list: &[u16], xval: &[f32], weight: &[f32], sc
 }
 
 fn overflow(ibl: usize) -> CodecError {
-    CodecError::Shape(format!(
-        "IQ2_XXS: block {ibl} has no finite distance to any grid point (values too large or not finite; the reference aborts here)"
-    ))
+    CodecError::Shape(format!("IQ2_XXS: block {ibl} has no finite distance to any grid point (values too large or not finite; the reference aborts here)"))
 }
 
 fn grid_key(l: &[i8]) -> usize {

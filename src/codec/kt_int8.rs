@@ -5,8 +5,8 @@
 //! matrix on all cores, 64-row blocks at a time (each block owns a contiguous range of the
 //! packed bytes).
 
-use super::simd::{self, Level};
 use super::CodecError;
+use super::simd::{self, Level};
 
 pub const LAYOUT: &str = "kt-int8-n32-k64-vnni-v1";
 pub const N_STEP: usize = 32;

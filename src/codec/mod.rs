@@ -118,7 +118,14 @@ pub fn quantize_rows(ty: QuantType, src: &[f32], n_per_row: usize, importance: O
 }
 
 /// [`quantize_rows`] at a given SIMD level (lowered to what the CPU has).
-pub fn quantize_rows_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+pub fn quantize_rows_at(
+    level: simd::Level,
+    ty: QuantType,
+    src: &[f32],
+    n_per_row: usize,
+    importance: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), CodecError> {
     let g = ty.ggml();
     if n_per_row == 0 || !n_per_row.is_multiple_of(g.block_size as usize) || !src.len().is_multiple_of(n_per_row) {
         return Err(CodecError::Shape(format!("{} rows must be a whole number of {}-value blocks, got {n_per_row}", g.name, g.block_size)));
@@ -168,7 +175,14 @@ pub fn quantize_rows_par(ty: QuantType, src: &[f32], n_per_row: usize, importanc
 }
 
 /// [`quantize_rows_par`] at a given SIMD level.
-pub fn quantize_rows_par_at(level: simd::Level, ty: QuantType, src: &[f32], n_per_row: usize, importance: Option<&[f32]>, dst: &mut [u8]) -> Result<(), CodecError> {
+pub fn quantize_rows_par_at(
+    level: simd::Level,
+    ty: QuantType,
+    src: &[f32],
+    n_per_row: usize,
+    importance: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), CodecError> {
     use rayon::prelude::*;
     let g = ty.ggml();
     if n_per_row == 0 || !n_per_row.is_multiple_of(g.block_size as usize) {
@@ -179,9 +193,7 @@ pub fn quantize_rows_par_at(level: simd::Level, ty: QuantType, src: &[f32], n_pe
     if !src.len().is_multiple_of(n_per_row) || dst.len() != src.len() / n_per_row * row_bytes {
         return quantize_rows_at(level, ty, src, n_per_row, importance, dst); // reports the shape error
     }
-    src.par_chunks(ROWS * n_per_row)
-        .zip(dst.par_chunks_mut(ROWS * row_bytes))
-        .try_for_each(|(x, y)| quantize_rows_at(level, ty, x, n_per_row, importance, y))
+    src.par_chunks(ROWS * n_per_row).zip(dst.par_chunks_mut(ROWS * row_bytes)).try_for_each(|(x, y)| quantize_rows_at(level, ty, x, n_per_row, importance, y))
 }
 
 /// Values per task in the `_par` helpers: large enough to amortise a task, small enough

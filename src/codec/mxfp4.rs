@@ -9,8 +9,8 @@
 //!
 //! Both are exact in f32. A scale byte of 255 is NaN in E8M0 and is an error here.
 
-use super::simd::{self, Level};
 use super::CodecError;
+use super::simd::{self, Level};
 
 /// E2M1 values by nibble.
 pub const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
@@ -64,11 +64,7 @@ fn check_deepseek(packed: &[u8], scales: &[u8], k: usize, dst: &[f32]) -> Result
     }
     let rows = dst.len() / k;
     if !dst.len().is_multiple_of(k) || packed.len() != rows * k / 2 || scales.len() != rows * k / 32 {
-        return Err(CodecError::Shape(format!(
-            "MXFP4: {} packed bytes and {} scales do not hold {rows} rows of {k}",
-            packed.len(),
-            scales.len()
-        )));
+        return Err(CodecError::Shape(format!("MXFP4: {} packed bytes and {} scales do not hold {rows} rows of {k}", packed.len(), scales.len())));
     }
     Ok(())
 }

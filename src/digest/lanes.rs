@@ -114,7 +114,7 @@ impl Kernel {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{States, LANES};
+    use super::{LANES, States};
 
     const K: [u32; 64] = [
         0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
@@ -163,8 +163,8 @@ mod x86 {
     unsafe fn compress16(state: &[__m512i; 8], ptrs: &[*const u8; LANES]) -> [__m512i; 8] {
         // Big-endian words: reverse the bytes of every 32-bit word.
         let bswap = _mm512_set_epi8(
-            12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11, 4, 5,
-            6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3,
+            12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6,
+            7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3,
         );
         // SAFETY: each pointer is valid for 64 bytes (caller); unaligned load.
         let rows: [__m512i; 16] = std::array::from_fn(|l| _mm512_shuffle_epi8(unsafe { _mm512_loadu_si512(ptrs[l].cast()) }, bswap));
@@ -561,11 +561,7 @@ mod tests {
 
     fn expect(data: &[u8], job: &Job) -> Done {
         let range = &data[job.start as usize..job.end as usize];
-        let slices = if job.slice_bytes == 0 {
-            Vec::new()
-        } else {
-            range.chunks_exact(job.slice_bytes as usize).map(sha256_hex).collect()
-        };
+        let slices = if job.slice_bytes == 0 { Vec::new() } else { range.chunks_exact(job.slice_bytes as usize).map(sha256_hex).collect() };
         Done { tag: job.tag, sha256: sha256_hex(range), slices }
     }
 
@@ -588,8 +584,20 @@ mod tests {
         let (_tmp, file, data) = fixture(3 * BUF + 4321);
         let mut jobs = Vec::new();
         let mut start = 0u64;
-        let shapes: [(u64, u64); 12] =
-            [(0, 0), (1, 0), (63, 0), (64, 0), (65, 0), (4096, 64), (4096 + 7, 97), (200_000, 1000), (BUF as u64 + 100, 0), (640, 63), (128, 128), (1000, 3000)];
+        let shapes: [(u64, u64); 12] = [
+            (0, 0),
+            (1, 0),
+            (63, 0),
+            (64, 0),
+            (65, 0),
+            (4096, 64),
+            (4096 + 7, 97),
+            (200_000, 1000),
+            (BUF as u64 + 100, 0),
+            (640, 63),
+            (128, 128),
+            (1000, 3000),
+        ];
         for (i, (len, slice)) in shapes.iter().cycle().take(40).enumerate() {
             let len = len + (i as u64 % 3);
             if start + len > data.len() as u64 {

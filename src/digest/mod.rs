@@ -12,7 +12,6 @@
 //! Store layout: one JSON file per source, `<store>/<key>.json`, where key is the sha256
 //! of the canonical JSON of the files' paths and identities. Written atomically.
 
-
 pub mod lanes;
 mod pass;
 mod store;
@@ -26,7 +25,7 @@ use crate::source::{FileIdentity, Source, SourceError};
 
 pub use crate::util::{hex, sha256_hex};
 pub use pass::{compute, compute_with};
-pub use store::{identity_key, records_of, DigestStore};
+pub use store::{DigestStore, identity_key, records_of};
 
 pub const STORE_FORMAT: &str = "xpackfs-digests-v1";
 
@@ -86,11 +85,7 @@ pub fn file_records(source: &Source) -> Vec<FileRecord> {
 }
 
 pub(crate) fn covers(d: &SourceDigests, source: &Source) -> bool {
-    source.tensors.iter().all(|t| {
-        d.tensors
-            .get(&t.name)
-            .is_some_and(|td| td.slices.len() as u64 == expert_slices(t).unwrap_or(0))
-    })
+    source.tensors.iter().all(|t| d.tensors.get(&t.name).is_some_and(|td| td.slices.len() as u64 == expert_slices(t).unwrap_or(0)))
 }
 
 /// Digests for a source: from the store when it has them, else computed (and stored).

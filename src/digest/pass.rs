@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::lanes::{Done, Engine, Job, Kernel};
-use super::{expert_slices, file_records, DigestError, SourceDigests, TensorDigest, STORE_FORMAT};
+use super::{DigestError, STORE_FORMAT, SourceDigests, TensorDigest, expert_slices, file_records};
 use crate::source::{Source, SourceError};
 use crate::util::{hex, now_iso};
 

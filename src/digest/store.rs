@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use super::{covers, file_records, DigestError, FileRecord, SourceDigests, STORE_FORMAT};
+use super::{DigestError, FileRecord, STORE_FORMAT, SourceDigests, covers, file_records};
 use crate::source::{Source, SourceFile};
 use crate::util::sha256_hex;
 
@@ -20,11 +20,7 @@ use crate::util::sha256_hex;
 /// the sha256 of canonical JSON of the tag and the files' portable identities. The empty tag
 /// is the source digests' own entry, whose key has always been the identities alone.
 pub fn identity_key(tag: &str, files: &[FileRecord]) -> String {
-    let v = if tag.is_empty() {
-        serde_json::json!(portable(files))
-    } else {
-        serde_json::json!({"tag": tag, "files": portable(files)})
-    };
+    let v = if tag.is_empty() { serde_json::json!(portable(files)) } else { serde_json::json!({"tag": tag, "files": portable(files)}) };
     sha256_hex(crate::pyjson::dumps(&v, &crate::pyjson::Style::CANONICAL).as_bytes())
 }
 
@@ -50,9 +46,7 @@ impl DigestStore {
         if unsafe { libc::geteuid() } == 0 {
             return Some(PathBuf::from("/var/lib/xpackfs/digests"));
         }
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        let cache = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
         Some(cache.join("xpackfs/digests"))
     }
 
@@ -129,8 +123,5 @@ impl DigestStore {
 
 /// File records without the device number (see [`DigestStore`]'s key).
 fn portable(files: &[FileRecord]) -> Vec<FileRecord> {
-    files
-        .iter()
-        .map(|f| FileRecord { path: f.path.clone(), identity: crate::source::FileIdentity { device: 0, ..f.identity } })
-        .collect()
+    files.iter().map(|f| FileRecord { path: f.path.clone(), identity: crate::source::FileIdentity { device: 0, ..f.identity } }).collect()
 }

@@ -17,11 +17,8 @@ pub struct RangeHasher {
 
 impl RangeHasher {
     pub fn new(start: u64, end: u64, wanted: &[(u64, u64)]) -> Self {
-        let mut open: Vec<(u64, u64, Sha256)> = wanted
-            .iter()
-            .filter(|(o, l)| *o >= start && o.saturating_add(*l) <= end)
-            .map(|&(o, l)| (o, o + l, Sha256::new()))
-            .collect();
+        let mut open: Vec<(u64, u64, Sha256)> =
+            wanted.iter().filter(|(o, l)| *o >= start && o.saturating_add(*l) <= end).map(|&(o, l)| (o, o + l, Sha256::new())).collect();
         open.sort_by_key(|r| (r.0, r.1));
         let mut h = RangeHasher { whole: Sha256::new(), pos: start, open, finished: Vec::new() };
         h.close_finished();
@@ -92,11 +89,8 @@ mod tests {
             let (whole, mut ranges) = h.finish();
             assert_eq!(whole, sha256_hex(&data[start as usize..end as usize]));
             ranges.sort();
-            let mut expect: Vec<(u64, u64, String)> = wanted
-                .iter()
-                .filter(|(o, l)| *o >= start && o + l <= end)
-                .map(|&(o, l)| (o, l, sha256_hex(&data[o as usize..(o + l) as usize])))
-                .collect();
+            let mut expect: Vec<(u64, u64, String)> =
+                wanted.iter().filter(|(o, l)| *o >= start && o + l <= end).map(|&(o, l)| (o, l, sha256_hex(&data[o as usize..(o + l) as usize]))).collect();
             expect.sort();
             assert_eq!(ranges, expect, "streamed [{start}, {end})");
         }

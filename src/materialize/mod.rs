@@ -21,12 +21,12 @@ mod write;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::view::{Built, VirtualFile};
@@ -164,7 +164,13 @@ fn split_files(files: Files) -> (Files, Files) {
 }
 
 /// Write the derived files (after every data file: their digests are recorded by then).
-fn write_derived(out: &Path, derived: &[(String, Arc<VirtualFile>)], opts: &Options, done: &AtomicU64, commit_now: bool) -> Result<Vec<FileResult>, MaterializeError> {
+fn write_derived(
+    out: &Path,
+    derived: &[(String, Arc<VirtualFile>)],
+    opts: &Options,
+    done: &AtomicU64,
+    commit_now: bool,
+) -> Result<Vec<FileResult>, MaterializeError> {
     derived.par_iter().map(|(name, f)| write_one(out, name, f, opts, done, commit_now)).collect()
 }
 
@@ -209,11 +215,7 @@ pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<File
     } else if !opts.replace
         && let Some((p, _)) = files.iter().find(|(p, _)| out.join(p).exists() || partial_paths(out, p).0.exists())
     {
-        return Err(MaterializeError::Refused(format!(
-            "{} already exists in {} (use --resume to continue, --replace to overwrite)",
-            p,
-            out.display()
-        )));
+        return Err(MaterializeError::Refused(format!("{} already exists in {} (use --resume to continue, --replace to overwrite)", p, out.display())));
     }
     if out.join(partition::PARTS_DIR).exists() {
         return Err(MaterializeError::Refused(format!(
@@ -226,10 +228,7 @@ pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<File
     write_atomic(&state_path, state.as_bytes()).map_err(io(&state_path))?;
 
     let total: u64 = files.iter().map(|(_, f)| f.size()).sum();
-    let already: u64 = files
-        .iter()
-        .map(|(p, f)| if out.join(p).exists() && opts.resume { f.size() } else { 0 })
-        .sum();
+    let already: u64 = files.iter().map(|(p, f)| if out.join(p).exists() && opts.resume { f.size() } else { 0 }).sum();
     check_space(out, total - already, opts.margin)?;
 
     let progress = Progress::start(total, opts.progress);
@@ -237,8 +236,7 @@ pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<File
     // Every file is written complete (as `.<name>.partial`) before any is put in its final
     // place: a run stopped by bad content leaves partials and state only, which `--resume`
     // continues, never a final file next to a failed one.
-    let mut results: Vec<FileResult> =
-        data.par_iter().map(|(name, f)| write_one(out, name, f, opts, &progress.done, false)).collect::<Result<_, _>>()?;
+    let mut results: Vec<FileResult> = data.par_iter().map(|(name, f)| write_one(out, name, f, opts, &progress.done, false)).collect::<Result<_, _>>()?;
     results.extend(write_derived(out, &derived, opts, &progress.done, false)?);
     drop(progress);
     results.par_iter().try_for_each(|r| commit(out, &r.name, opts))?;
@@ -271,7 +269,9 @@ fn remove_leftovers(out: &Path) {
         }
         let name = entry.file_name().to_string_lossy().into_owned();
         let ours = name.starts_with('.')
-            && (name.ends_with(".partial") || name.ends_with(".partial.json") || name.rsplit_once(".tmp.").is_some_and(|(_, pid)| pid.bytes().all(|b| b.is_ascii_digit())));
+            && (name.ends_with(".partial")
+                || name.ends_with(".partial.json")
+                || name.rsplit_once(".tmp.").is_some_and(|(_, pid)| pid.bytes().all(|b| b.is_ascii_digit())));
         if ours {
             let _ = std::fs::remove_file(entry.path());
         }

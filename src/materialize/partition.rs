@@ -19,15 +19,15 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::write::{self, partial_paths, write_one};
-use super::{check_space, io, write_derived, FileResult, Files, MaterializeError, Options, Progress};
 use super::hash::RangeHasher;
+use super::write::{self, partial_paths, write_one};
+use super::{FileResult, Files, MaterializeError, Options, Progress, check_space, io, write_derived};
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::view::Built;
 use crate::view::VirtualFile;
@@ -167,9 +167,7 @@ fn record_path(out: &Path, piece: usize) -> PathBuf {
 fn load_plan(out: &Path) -> Result<Option<Plan>, MaterializeError> {
     let path = parts_dir(out).join(PLAN);
     match std::fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| MaterializeError::Refused(format!("{}: not a partition plan: {e}", path.display()))),
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| MaterializeError::Refused(format!("{}: not a partition plan: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io(&path)(e)),
     }
@@ -179,21 +177,14 @@ fn load_plan(out: &Path) -> Result<Option<Plan>, MaterializeError> {
 pub fn recorded_command(out: &Path) -> Result<String, MaterializeError> {
     match load_plan(out)? {
         Some(p) => Ok(p.command),
-        None => Err(MaterializeError::Refused(format!(
-            "{}: no partitioned run here ({}/{PLAN} is missing)",
-            out.display(),
-            PARTS_DIR
-        ))),
+        None => Err(MaterializeError::Refused(format!("{}: no partitioned run here ({}/{PLAN} is missing)", out.display(), PARTS_DIR))),
     }
 }
 
 /// Why two plans differ, for the error message.
 fn plan_difference(have: &Plan, want: &Plan) -> String {
     if have.count != want.count || have.piece_bytes != want.piece_bytes {
-        return format!(
-            "it was started as {} partitions of {} byte pieces, not {} of {}",
-            have.count, have.piece_bytes, want.count, want.piece_bytes
-        );
+        return format!("it was started as {} partitions of {} byte pieces, not {} of {}", have.count, have.piece_bytes, want.count, want.piece_bytes);
     }
     if have.source != want.source {
         return "the source changed since (size, mtime, ctime or inode)".into();
@@ -210,14 +201,7 @@ fn read_record(out: &Path, k: usize, piece: &Piece) -> Option<PieceRecord> {
 }
 
 /// Run partition `part` of a partitioned materialize into `out`.
-pub fn run_partition(
-    built: &Built,
-    out: &Path,
-    part: Partition,
-    piece_bytes: u64,
-    command: &str,
-    opts: &Options,
-) -> Result<Vec<FileResult>, MaterializeError> {
+pub fn run_partition(built: &Built, out: &Path, part: Partition, piece_bytes: u64, command: &str, opts: &Options) -> Result<Vec<FileResult>, MaterializeError> {
     if opts.replace {
         return Err(MaterializeError::Refused("--replace cannot be combined with --partition: remove the output directory first".into()));
     }
@@ -232,11 +216,7 @@ pub fn run_partition(
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     match load_plan(out)? {
         Some(have) if have != plan => {
-            return Err(MaterializeError::Refused(format!(
-                "partition {part}: {} was planned differently: {}",
-                out.display(),
-                plan_difference(&have, &plan)
-            )));
+            return Err(MaterializeError::Refused(format!("partition {part}: {} was planned differently: {}", out.display(), plan_difference(&have, &plan))));
         }
         Some(_) => {}
         None => {
@@ -256,7 +236,14 @@ pub fn run_partition(
         .map(|&(k, piece)| -> Result<FileResult, MaterializeError> {
             if let Some(r) = read_record(out, k, piece) {
                 done.fetch_add(piece.len, std::sync::atomic::Ordering::Relaxed);
-                return Ok(FileResult { name: piece.file.clone(), size: piece.len, sha256: r.sha256, resumed_from: piece.len, skipped: true, ranges: Vec::new() });
+                return Ok(FileResult {
+                    name: piece.file.clone(),
+                    size: piece.len,
+                    sha256: r.sha256,
+                    resumed_from: piece.len,
+                    skipped: true,
+                    ranges: Vec::new(),
+                });
             }
             let file = files[piece.file.as_str()];
             let (sha256, ranges, result) = if piece.whole {
@@ -340,10 +327,8 @@ pub fn finalize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<FileRes
     let cut: Vec<&(String, u64)> = plan.files.iter().filter(|(n, _)| plan.pieces.iter().any(|p| &p.file == n && !p.whole)).collect();
     let total: u64 = cut.iter().map(|(_, s)| s).sum();
     let progress = Progress::start(total, opts.progress);
-    let assembled = cut
-        .par_iter()
-        .map(|(name, size)| assemble(out, name, *size, files[name.as_str()], &records, &plan, &progress.done))
-        .collect::<Result<Vec<_>, _>>();
+    let assembled =
+        cut.par_iter().map(|(name, size)| assemble(out, name, *size, files[name.as_str()], &records, &plan, &progress.done)).collect::<Result<Vec<_>, _>>();
     drop(progress);
     results.extend(assembled?);
     let resume = Options { resume: true, ..opts.clone() };
@@ -360,7 +345,15 @@ pub fn finalize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<FileRes
     Ok(results)
 }
 
-fn assemble(out: &Path, name: &str, size: u64, file: &VirtualFile, records: &[PieceRecord], plan: &Plan, done: &AtomicU64) -> Result<FileResult, MaterializeError> {
+fn assemble(
+    out: &Path,
+    name: &str,
+    size: u64,
+    file: &VirtualFile,
+    records: &[PieceRecord],
+    plan: &Plan,
+    done: &AtomicU64,
+) -> Result<FileResult, MaterializeError> {
     let final_path = out.join(name);
     let (partial, _) = partial_paths(out, name);
     // An interrupted finalize may have renamed it already.

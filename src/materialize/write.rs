@@ -5,14 +5,14 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
-use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
-use super::{io, FileResult, MaterializeError, Options};
 use super::hash::RangeHasher;
+use super::{FileResult, MaterializeError, Options, io};
 use crate::fsutil::{fsync_dir, write_atomic};
 use crate::store::ReadCtx;
 use crate::view::VirtualFile;
@@ -251,7 +251,14 @@ pub(super) fn record(file: &VirtualFile, whole: &str, ranges: &[(u64, u64, Strin
 /// durable, then fsync, and with `commit` rename into place and fsync the directory (else
 /// the complete partial waits for [`commit`]). With `opts.resume` a partial file continues
 /// from its checkpoint, and a completed file is re-hashed, not rewritten.
-pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Options, done: &AtomicU64, commit_now: bool) -> Result<FileResult, MaterializeError> {
+pub(super) fn write_one(
+    out: &Path,
+    name: &str,
+    file: &VirtualFile,
+    opts: &Options,
+    done: &AtomicU64,
+    commit_now: bool,
+) -> Result<FileResult, MaterializeError> {
     let final_path = out.join(name);
     let (partial, ckpt) = partial_paths(out, name);
     let parent = final_path.parent().unwrap_or(out).to_path_buf();
@@ -278,12 +285,8 @@ pub(super) fn write_one(out: &Path, name: &str, file: &VirtualFile, opts: &Optio
     let mut hasher = RangeHasher::new(0, size, &wanted);
     let mut start = 0u64;
     let f = if opts.resume && partial.exists() {
-        let written: u64 = std::fs::read(&ckpt)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|v| v["durable_bytes"].as_u64())
-            .unwrap_or(0)
-            .min(size);
+        let written: u64 =
+            std::fs::read(&ckpt).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()).and_then(|v| v["durable_bytes"].as_u64()).unwrap_or(0).min(size);
         let f = std::fs::OpenOptions::new().read(true).write(true).open(&partial).map_err(io(&partial))?;
         // Re-hash the durable prefix once; whatever follows it is rewritten.
         hash_file_range(&f, &partial, 0, written, &mut hasher)?;

@@ -5,12 +5,12 @@
 //! Plain methods returning `Result`, tested without a mount; the fuser adapter in `fuse.rs`
 //! translates requests and errors and decides where reads run.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use crate::metrics::metric_set;
-use crate::store::{file_entry_key, FileEntries, FileLookup, ReadCtx};
+use crate::store::{FileEntries, FileLookup, ReadCtx, file_entry_key};
 use crate::view::{Ino, NodeKind, Tree, ViewError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,10 +266,7 @@ impl Fs {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let (kind, size, perm, nlink) = match &node.kind {
             NodeKind::Dir { children } => {
-                let subdirs = children
-                    .values()
-                    .filter(|&&c| matches!(self.tree.get(c).map(|n| &n.kind), Some(NodeKind::Dir { .. })))
-                    .count() as u32;
+                let subdirs = children.values().filter(|&&c| matches!(self.tree.get(c).map(|n| &n.kind), Some(NodeKind::Dir { .. }))).count() as u32;
                 let r = self.owner.read_bits;
                 (Kind::Dir, 0, r | (r >> 2 & 0o111), 2 + subdirs)
             }
@@ -420,7 +417,7 @@ fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], ctx
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{VirtualFile, ROOT_INO};
+    use crate::view::{ROOT_INO, VirtualFile};
 
     fn fs() -> Fs {
         let mut t = Tree::new();
@@ -505,7 +502,13 @@ mod tests {
         let mut r = crate::metrics::Registry::with_prefix("xpackfs");
         s.register(&mut r);
         let text = crate::metrics::render(&r);
-        for line in ["xpackfs_bytes_served_total 15\n", "xpackfs_served_bytes_total{origin=\"identity\"} 10\n", "xpackfs_served_bytes_total{origin=\"view\"} 5\n", "xpackfs_read_errors_by_errno_total{errno=\"EIO\"} 1\n", "xpackfs_read_latency_seconds_count 3\n"] {
+        for line in [
+            "xpackfs_bytes_served_total 15\n",
+            "xpackfs_served_bytes_total{origin=\"identity\"} 10\n",
+            "xpackfs_served_bytes_total{origin=\"view\"} 5\n",
+            "xpackfs_read_errors_by_errno_total{errno=\"EIO\"} 1\n",
+            "xpackfs_read_latency_seconds_count 3\n",
+        ] {
             assert!(text.contains(line), "{line} not in {text}");
         }
     }

@@ -35,13 +35,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every metric of a mount, under `xpackfs_` (see the module documentation).
-pub fn registry(
-    stats: &Stats,
-    tiers: Arc<Tiers>,
-    files: usize,
-    entries: Option<Arc<FileEntries>>,
-    passthrough: Arc<Passthrough>,
-) -> Registry {
+pub fn registry(stats: &Stats, tiers: Arc<Tiers>, files: usize, entries: Option<Arc<FileEntries>>, passthrough: Arc<Passthrough>) -> Registry {
     use std::sync::atomic::Ordering::Relaxed;
     let mut r = Registry::with_prefix("xpackfs");
     stats.register(&mut r);
@@ -179,8 +173,8 @@ fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
         Answer::TooLarge => ("431 Request Header Fields Too Large", "text/plain; charset=utf-8", "request head too large\n".into(), false),
     };
     let allow = if status.starts_with("405") { "Allow: GET, HEAD\r\n" } else { "" };
-    let mut out = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n", body.len())
-        .into_bytes();
+    let mut out =
+        format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n", body.len()).into_bytes();
     if !head_only {
         out.extend_from_slice(body.as_bytes());
     }

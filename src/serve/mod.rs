@@ -23,8 +23,8 @@ use std::sync::Arc;
 use fuser::{Config, MountOption, Session, SessionACL};
 use parking_lot::Mutex;
 
-use crate::store::{file_entry_key, DiskMode, FileEntries, Priority};
-use crate::view::{warm, Built, Tiers};
+use crate::store::{DiskMode, FileEntries, Priority, file_entry_key};
+use crate::view::{Built, Tiers, warm};
 use fs::{Fs, Ownership};
 use options::ServeOptions;
 
@@ -77,12 +77,7 @@ pub fn mount_location(mountpoint: &str, opts: &ServeOptions) -> Result<PathBuf, 
 /// Owner, read bits and mtime of the served files come from the source (file or directory).
 pub fn ownership_of(path: &Path) -> std::io::Result<Ownership> {
     let m = std::fs::metadata(path)?;
-    Ok(Ownership {
-        uid: m.uid(),
-        gid: m.gid(),
-        read_bits: (m.mode() & 0o444) as u16,
-        mtime: m.modified().unwrap_or(std::time::UNIX_EPOCH),
-    })
+    Ok(Ownership { uid: m.uid(), gid: m.gid(), read_bits: (m.mode() & 0o444) as u16, mtime: m.modified().unwrap_or(std::time::UNIX_EPOCH) })
 }
 
 /// `/dev/fd/N` must be an open descriptor of /dev/fuse (character device 10:229): anything
@@ -169,12 +164,14 @@ pub fn mount(
         // Every minute: the debug log line, and the use time of the file entries being
         // passed through (a file mmapped for days sends no opens and no reads to the daemon).
         let (stats_json, passthrough, fs) = (stats_json.clone(), passthrough.clone(), fs.clone());
-        std::thread::spawn(move || loop {
-            std::thread::sleep(std::time::Duration::from_secs(60));
-            if tracing::enabled!(tracing::Level::DEBUG) {
-                tracing::debug!("stats: {}", String::from_utf8_lossy(&stats_json()));
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(60));
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    tracing::debug!("stats: {}", String::from_utf8_lossy(&stats_json()));
+                }
+                passthrough.live_inodes().into_iter().for_each(|ino| fs.in_use(ino));
             }
-            passthrough.live_inodes().into_iter().for_each(|ino| fs.in_use(ino));
         });
     }
     // Building a large view (the INT8 tree of a full-size model has 66,000 files; manifest

@@ -45,11 +45,13 @@ pub fn read_pool(name: &str, threads: usize) -> Result<Option<Arc<ReadPool>>, St
         let rx = rx.clone();
         std::thread::Builder::new()
             .name(format!("xpackfs-{name}-{i}"))
-            .spawn(move || loop {
-                let job = rx.lock().recv();
-                match job {
-                    Ok(job) => job(),
-                    Err(_) => return,
+            .spawn(move || {
+                loop {
+                    let job = rx.lock().recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
                 }
             })
             .map_err(|e| e.to_string())?;

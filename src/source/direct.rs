@@ -104,10 +104,7 @@ impl SourceFile {
         }
         let end = offset.checked_add(buf.len() as u64);
         if end.is_none_or(|end| end > self.size()) {
-            return Err(SourceError::format(
-                self.path(),
-                format!("read of {} bytes at {offset} is beyond the end of the file ({})", buf.len(), self.size()),
-            ));
+            return Err(SourceError::format(self.path(), format!("read of {} bytes at {offset} is beyond the end of the file ({})", buf.len(), self.size())));
         }
         let align = *align;
         SCRATCH.with_borrow_mut(|scratch| {
@@ -119,7 +116,8 @@ impl SourceFile {
                 let n = (buf.len() - done).min(MAX_CHUNK - head);
                 let span = (head + n).next_multiple_of(align as usize);
                 let space = grow(scratch, span).map_err(|e| SourceError::Io { path: self.path().to_path_buf(), source: e })?;
-                let got = read_full(file, &mut space[..span], start, align as usize).map_err(|e| SourceError::Io { path: self.path().to_path_buf(), source: e })?;
+                let got =
+                    read_full(file, &mut space[..span], start, align as usize).map_err(|e| SourceError::Io { path: self.path().to_path_buf(), source: e })?;
                 if got < head + n {
                     return Err(SourceError::Changed { path: self.path().to_path_buf(), what: format!("short read at offset {pos}: file shrank") });
                 }

@@ -86,7 +86,13 @@ impl SourceFile {
     /// else is refused before it is opened for reading.
     pub fn open(path: &Path) -> Result<Self, SourceError> {
         let (file, meta) = open_regular(path)?;
-        Ok(SourceFile { path: path.to_path_buf(), file, identity: FileIdentity::of(&meta), path_checked_ms: AtomicU64::new(now_ms()), direct: Default::default() })
+        Ok(SourceFile {
+            path: path.to_path_buf(),
+            file,
+            identity: FileIdentity::of(&meta),
+            path_checked_ms: AtomicU64::new(now_ms()),
+            direct: Default::default(),
+        })
     }
 
     pub fn path(&self) -> &Path {

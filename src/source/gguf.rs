@@ -76,7 +76,11 @@ pub enum MetaValue {
     Bool(bool),
     Str(String),
     /// Element type id, element count, and the values when the array is short enough to keep.
-    Array { elem_type: u32, len: u64, values: Option<Vec<MetaValue>> },
+    Array {
+        elem_type: u32,
+        len: u64,
+        values: Option<Vec<MetaValue>>,
+    },
     U64(u64),
     I64(i64),
     F64(f64),
@@ -173,9 +177,7 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
             }
             tensors.push(t);
         }
-        logical_base = logical_base
-            .checked_add(file.size())
-            .ok_or_else(|| SourceError::format(p, "split set size overflows"))?;
+        logical_base = logical_base.checked_add(file.size()).ok_or_else(|| SourceError::format(p, "split set size overflows"))?;
         headers.push(header);
         files.push(file);
     }
@@ -222,10 +224,7 @@ fn check_split_keys(path: &Path, header: &GgufFileHeader, index: u64, count: u64
     let get = |key: &str| header.metadata.get(key).and_then(MetaValue::as_u64);
     match (get("split.no"), get("split.count")) {
         (Some(no), Some(c)) if no == index && c == count => Ok(()),
-        (no, c) => Err(SourceError::format(
-            path,
-            format!("split keys say split.no={no:?} split.count={c:?}, expected {index} of {count} from the file name"),
-        )),
+        (no, c) => Err(SourceError::format(path, format!("split keys say split.no={no:?} split.count={c:?}, expected {index} of {count} from the file name"))),
     }
 }
 
@@ -244,10 +243,7 @@ fn check_same_set(path: &Path, first_path: &Path, first: &GgufFileHeader, header
     };
     for key in ["split.tensors.count", "general.architecture"] {
         if let Some((a, b)) = differ(key) {
-            return Err(SourceError::format(
-                path,
-                format!("{key} is {b} but {} says {a}: a part of another split set?", first_path.display()),
-            ));
+            return Err(SourceError::format(path, format!("{key} is {b} but {} says {a}: a part of another split set?", first_path.display())));
         }
     }
     Ok(())
@@ -281,11 +277,7 @@ impl<'a> Cursor<'a> {
     fn take(&mut self, n: u64, what: &str) -> Result<&[u8], SourceError> {
         let end = self.pos.checked_add(n).ok_or_else(|| self.err(format!("{what}: length overflows")))?;
         if end > self.file.size() {
-            return Err(self.err(format!(
-                "truncated: {what} needs {n} bytes at offset {}, but the file is {} bytes",
-                self.pos,
-                self.file.size()
-            )));
+            return Err(self.err(format!("truncated: {what} needs {n} bytes at offset {}, but the file is {} bytes", self.pos, self.file.size())));
         }
         if end > self.limit {
             return Err(self.err(format!("header exceeds the {} byte cap while reading {what}", self.cap)));
@@ -324,11 +316,7 @@ impl<'a> Cursor<'a> {
             return Err(self.err(format!("{what}: string length {len} exceeds the cap of {max} bytes")));
         }
         if len > self.remaining() {
-            return Err(self.err(format!(
-                "truncated: {what} claims a {len} byte string at offset {}, but only {} bytes remain",
-                self.pos,
-                self.remaining()
-            )));
+            return Err(self.err(format!("truncated: {what} claims a {len} byte string at offset {}, but only {} bytes remain", self.pos, self.remaining())));
         }
         let bytes = self.take(len, what)?.to_vec();
         String::from_utf8(bytes).map_err(|_| self.err(format!("{what}: string is not valid UTF-8")))
@@ -376,10 +364,7 @@ fn read_value(c: &mut Cursor, t: u32, what: &str, limits: &Limits, in_array: boo
                 t => scalar_size(t).ok_or_else(|| c.err(format!("{what}: unknown array element type {t}")))?,
             };
             if len.checked_mul(min_elem).is_none_or(|n| n > c.remaining()) {
-                return Err(c.err(format!(
-                    "{what}: array of {len} elements cannot fit in the {} bytes that remain",
-                    c.remaining()
-                )));
+                return Err(c.err(format!("{what}: array of {len} elements cannot fit in the {} bytes that remain", c.remaining())));
             }
             let keep = len <= limits.max_kept_array_len && len <= c.keep_budget;
             if keep {
@@ -409,12 +394,7 @@ fn read_value(c: &mut Cursor, t: u32, what: &str, limits: &Limits, in_array: boo
 }
 
 /// Parse one GGUF file's header and tensor table, and validate the tensor ranges.
-pub fn parse_file(
-    file: &SourceFile,
-    file_index: usize,
-    logical_base: u64,
-    limits: &Limits,
-) -> Result<(GgufFileHeader, Vec<TensorInfo>), SourceError> {
+pub fn parse_file(file: &SourceFile, file_index: usize, logical_base: u64, limits: &Limits) -> Result<(GgufFileHeader, Vec<TensorInfo>), SourceError> {
     let path = file.path();
     let mut c = Cursor::new(file, limits.max_header_bytes, limits.max_kept_elements);
     let magic = c.take(4, "magic")?;
@@ -436,10 +416,7 @@ pub fn parse_file(
     // A tensor info takes at least 8 (name len) + 4 (n_dims) + 8 (ne) + 4 (type) + 8 (offset) bytes,
     // a key/value at least 8 + 4 + 1.
     if tensor_count * 32 > c.remaining() {
-        return Err(SourceError::format(
-            path,
-            format!("tensor count {tensor_count} cannot fit in the {} bytes that remain", c.remaining()),
-        ));
+        return Err(SourceError::format(path, format!("tensor count {tensor_count} cannot fit in the {} bytes that remain", c.remaining())));
     }
     if kv_count * 13 > c.remaining() {
         return Err(SourceError::format(path, format!("metadata count {kv_count} cannot fit in the {} bytes that remain", c.remaining())));
@@ -492,20 +469,14 @@ pub fn parse_file(
         raw.push(RawInfo { name, shape, type_id, rel_offset });
     }
     let header_end = c.pos;
-    let data_offset = header_end
-        .checked_next_multiple_of(alignment)
-        .ok_or_else(|| SourceError::format(path, "data offset overflows"))?;
+    let data_offset = header_end.checked_next_multiple_of(alignment).ok_or_else(|| SourceError::format(path, "data offset overflows"))?;
     if data_offset > file.size() && tensor_count > 0 {
-        return Err(SourceError::format(
-            path,
-            format!("truncated: the data section starts at {data_offset} but the file is {} bytes", file.size()),
-        ));
+        return Err(SourceError::format(path, format!("truncated: the data section starts at {data_offset} but the file is {} bytes", file.size())));
     }
 
     let mut tensors = Vec::with_capacity(raw.len());
     for r in raw {
-        let ggml_type = GgmlType::from_id(r.type_id)
-            .ok_or_else(|| SourceError::tensor(path, &r.name, format!("unknown ggml type id {}", r.type_id)))?;
+        let ggml_type = GgmlType::from_id(r.type_id).ok_or_else(|| SourceError::tensor(path, &r.name, format!("unknown ggml type id {}", r.type_id)))?;
         let Some((&ne0, higher)) = r.shape.split_first() else {
             return Err(SourceError::tensor(path, &r.name, "a tensor needs at least one dimension"));
         };
@@ -521,7 +492,14 @@ pub fn parse_file(
             ));
         }
         let row_bytes = ggml_type.row_bytes(ne0).ok_or_else(|| {
-            SourceError::tensor(path, &r.name, format!("row byte size overflows: first dimension {ne0} of {} ({} bytes per {} elements)", ggml_type, ggml_type.type_size, ggml_type.block_size))
+            SourceError::tensor(
+                path,
+                &r.name,
+                format!(
+                    "row byte size overflows: first dimension {ne0} of {} ({} bytes per {} elements)",
+                    ggml_type, ggml_type.type_size, ggml_type.block_size
+                ),
+            )
         })?;
         let nbytes = row_bytes
             .checked_mul(rows)
@@ -530,9 +508,7 @@ pub fn parse_file(
         if r.rel_offset % alignment != 0 {
             return Err(SourceError::tensor(path, &r.name, format!("offset {} is not a multiple of the alignment {alignment}", r.rel_offset)));
         }
-        let offset = data_offset
-            .checked_add(r.rel_offset)
-            .ok_or_else(|| SourceError::tensor(path, &r.name, "offset overflows"))?;
+        let offset = data_offset.checked_add(r.rel_offset).ok_or_else(|| SourceError::tensor(path, &r.name, "offset overflows"))?;
         if offset.checked_add(nbytes).is_none_or(|end| end > file.size()) {
             return Err(SourceError::tensor(
                 path,
@@ -637,10 +613,7 @@ mod tests {
         let cuts = (0..data_offset).chain((data_offset..last_end).step_by(997)).chain([last_end - 1]);
         for cut in cuts {
             let e = open_bytes(dir.path(), "cut.gguf", &b[..cut]).unwrap_err().to_string();
-            assert!(
-                e.contains("truncated") || e.contains("beyond the end of the file") || e.contains("cannot fit"),
-                "cut at {cut}: {e}"
-            );
+            assert!(e.contains("truncated") || e.contains("beyond the end of the file") || e.contains("cannot fit"), "cut at {cut}: {e}");
         }
     }
 
@@ -661,10 +634,7 @@ mod tests {
             alignment: 32,
             data_offset: 0,
             tensor_count: 0,
-            metadata: BTreeMap::from([
-                ("split.tensors.count".to_string(), count),
-                ("general.architecture".to_string(), MetaValue::Str(arch.into())),
-            ]),
+            metadata: BTreeMap::from([("split.tensors.count".to_string(), count), ("general.architecture".to_string(), MetaValue::Str(arch.into()))]),
         };
         let (a, b) = (Path::new("m-00001-of-00002.gguf"), Path::new("m-00002-of-00002.gguf"));
         let first = header(MetaValue::I32(7), "kimi-k3");
@@ -701,8 +671,15 @@ mod tests {
         // and the others are parsed and checked but not kept.
         let limits = Limits { max_kept_elements: 65, ..Limits::default() };
         let s = open_with_limits(&p, &limits).unwrap();
-        let arrays: Vec<(u64, bool)> = s.gguf().unwrap().metadata().values()
-            .filter_map(|v| match v { MetaValue::Array { len, values, .. } => Some((*len, values.is_some())), _ => None })
+        let arrays: Vec<(u64, bool)> = s
+            .gguf()
+            .unwrap()
+            .metadata()
+            .values()
+            .filter_map(|v| match v {
+                MetaValue::Array { len, values, .. } => Some((*len, values.is_some())),
+                _ => None,
+            })
             .collect();
         assert!(arrays.len() >= 2, "{arrays:?}");
         let kept: u64 = arrays.iter().filter(|a| a.1).map(|a| a.0).sum();

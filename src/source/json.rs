@@ -12,8 +12,8 @@ use std::path::Path;
 
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::file::regular_err;
 use super::SourceError;
+use super::file::regular_err;
 use crate::fsutil;
 
 /// Why a JSON file was not read.
@@ -21,8 +21,13 @@ use crate::fsutil;
 pub enum JsonError {
     /// Not a regular file, missing, unreadable.
     Source(SourceError),
-    TooLarge { len: u64, cap: u64 },
-    TooManyValues { cap: u64 },
+    TooLarge {
+        len: u64,
+        cap: u64,
+    },
+    TooManyValues {
+        cap: u64,
+    },
     NotUtf8(std::str::Utf8Error),
     Syntax(serde_json::Error),
 }

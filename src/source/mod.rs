@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use direct::SourceIo;
-pub use file::{check_regular, open_regular, FileIdentity, SourceFile};
+pub use file::{FileIdentity, SourceFile, check_regular, open_regular};
 
 use crate::codec::GgmlType;
 

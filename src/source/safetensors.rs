@@ -24,7 +24,7 @@ use std::sync::Arc;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
-use super::json::{read_capped, JsonError};
+use super::json::{JsonError, read_capped};
 use super::{Source, SourceError, SourceFile, SourceKind, TensorDtype, TensorInfo};
 
 pub const INDEX_NAME: &str = "model.safetensors.index.json";
@@ -345,11 +345,7 @@ pub fn open(path: &Path) -> Result<Source, SourceError> {
             return Err(SourceError::tensor(&root.join(s), t, "in the shard but not in the index"));
         }
     }
-    Ok(Source {
-        files,
-        kind: SourceKind::Safetensors(SafetensorsMeta { root, config, config_path, index_path: index_path.map(|(p, _)| p), shards }),
-        tensors,
-    })
+    Ok(Source { files, kind: SourceKind::Safetensors(SafetensorsMeta { root, config, config_path, index_path: index_path.map(|(p, _)| p), shards }), tensors })
 }
 
 /// Tensor names by shard, each shard's tensors in offset order.
@@ -384,7 +380,11 @@ mod tests {
 
     #[test]
     fn valid_shard_parses() {
-        let s = open_bytes(&shard(r#"{"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 16)).unwrap();
+        let s = open_bytes(&shard(
+            r#"{"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,2],"data_offsets":[8,16]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            16,
+        ))
+        .unwrap();
         let names: Vec<&str> = s.tensors.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["a", "b"], "offset order");
         assert_eq!(s.tensors[1].shape, [2, 2]);
@@ -395,8 +395,14 @@ mod tests {
     fn header_rules() {
         let cases: &[(&[u8], &str)] = &[
             (&shard(r#"{"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}}"#, 8), "unknown variant"),
-            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12), "tensor \"b\": data offsets"),
-            (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}}"#, 20), "tensor \"b\": data offsets"),
+            (
+                &shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12),
+                "tensor \"b\": data offsets",
+            ),
+            (
+                &shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}}"#, 20),
+                "tensor \"b\": data offsets",
+            ),
             (&shard(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8), "do not match its shape"),
             (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 9), "does not end exactly at the end of the file"),
             (&shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 4), "does not end exactly at the end of the file"),
@@ -429,7 +435,8 @@ mod tests {
     fn special_files_are_refused_before_opening() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("model-00001-of-00002.safetensors"), shard(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 8)).unwrap();
-        std::fs::write(dir.path().join(INDEX_NAME), r#"{"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#).unwrap();
+        std::fs::write(dir.path().join(INDEX_NAME), r#"{"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#)
+            .unwrap();
         let fifo = |p: &Path| {
             let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
             // SAFETY: a valid NUL-terminated path.

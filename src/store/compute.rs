@@ -16,12 +16,12 @@
 //! beyond the write-behind a request hands it, run on the computing thread once the job's
 //! waiters are woken.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::Panicked;
 use super::disk::DiskKey;
 use super::flight::{self, Flights, Joined};
-use super::Panicked;
 
 /// What one job computes: its chunks, in order.
 pub type Parts = Arc<[Arc<[u8]>]>;
@@ -233,7 +233,16 @@ impl<E: From<Panicked> + Send + Sync + 'static> ComputePool<E> {
     }
 
     fn submit(&self, key: DiskKey, prio: Priority, job: &Job<E>, after: Option<After>, schedule: bool) -> Arc<Flight<E>> {
-        let start = || State { job: job.clone(), outcome: None, running: None, read_scheduled: prio == Priority::Read, read_joined: false, settled: false, after, done: Vec::new() };
+        let start = || State {
+            job: job.clone(),
+            outcome: None,
+            running: None,
+            read_scheduled: prio == Priority::Read,
+            read_joined: false,
+            settled: false,
+            after,
+            done: Vec::new(),
+        };
         let f = match self.shared.flights.join(key, || None::<std::convert::Infallible>, start) {
             Joined::Leader(f) => f,
             Joined::Joiner(f) => {
@@ -427,10 +436,16 @@ pub(crate) mod tests {
         let gate = Arc::new(Gate::default());
         for i in 0..6 {
             let g = gate.clone();
-            p.request(key(100 + i), Priority::Background, &job(move || {
-                g.wait();
-                Ok(bytes(b"slow"))
-            }), None, |_| {});
+            p.request(
+                key(100 + i),
+                Priority::Background,
+                &job(move || {
+                    g.wait();
+                    Ok(bytes(b"slow"))
+                }),
+                None,
+                |_| {},
+            );
         }
         let p2 = p.clone();
         let got = within("a read behind six blocked background jobs", move || p2.get(key(1), Priority::Read, &job(|| Ok(bytes(b"fast"))), None));
@@ -445,10 +460,16 @@ pub(crate) mod tests {
         let gate = Arc::new(Gate::default());
         for i in 0..2 {
             let g = gate.clone();
-            p.request(key(100 + i), Priority::Background, &job(move || {
-                g.wait();
-                Ok(bytes(b"blocker"))
-            }), None, |_| {});
+            p.request(
+                key(100 + i),
+                Priority::Background,
+                &job(move || {
+                    g.wait();
+                    Ok(bytes(b"blocker"))
+                }),
+                None,
+                |_| {},
+            );
         }
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();

@@ -21,14 +21,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use super::disk::{DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES, source_file_key};
 use super::{ReadCtx, Tiers};
-use super::disk::{source_file_key, DiskCache, DiskKey, FileLookup, KeyBuilder, MAX_ENTRY_BYTES};
 use crate::source::SourceFile;
 
 /// One piece of a file, as a file entry's key and its write need to know it.

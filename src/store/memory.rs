@@ -8,14 +8,14 @@
 //! computed by this process (a chunk read back from the disk cache counts in
 //! `bytes_from_disk`), each once.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use lru::LruCache;
 use parking_lot::Mutex;
 
-use super::flight::{Flights, Joined};
 use super::ChunkError;
+use super::flight::{Flights, Joined};
 use crate::metrics::metric_set;
 
 /// (producer id, chunk id).
@@ -182,7 +182,6 @@ impl<E> ChunkCache<E> {
         self.record(value.len(), origin);
         self.insert(key, value);
     }
-
 }
 
 impl<E: ChunkError> ChunkCache<E> {

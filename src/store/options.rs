@@ -75,7 +75,11 @@ impl Options {
         {
             let room = (free + disk.size_bytes()).saturating_sub((total as f64 * KEEP_FREE) as u64);
             if room < disk.budget() {
-                tracing::info!("disk cache {}: bound {:.1} GiB (keeps 5% of its filesystem free; disk_cache_gb= sets it)", dir.display(), room as f64 / (1u64 << 30) as f64);
+                tracing::info!(
+                    "disk cache {}: bound {:.1} GiB (keeps 5% of its filesystem free; disk_cache_gb= sets it)",
+                    dir.display(),
+                    room as f64 / (1u64 << 30) as f64
+                );
                 disk.set_budget(room);
             }
         }

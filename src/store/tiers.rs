@@ -14,19 +14,19 @@
 //! without moving it in the LRU order and puts none in, so it never pushes out what clients
 //! read; it joins a computation like any read, at its own priority.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{SyncSender, sync_channel};
 
 use parking_lot::Mutex;
 
+use super::ChunkError;
 use super::compute::{After, ComputePool, Job, Parts, PoolConfig, Priority};
 use super::ctx::ReadCtx;
 use super::disk::{DiskCache, DiskKey};
 use super::flight::{Flights, Joined};
 use super::memory::{self as cache, ChunkCache, Origin};
 use super::options::Options;
-use super::ChunkError;
 
 /// What one job computes: one chunk or several siblings, each with its memory and disk key.
 pub struct Group<E> {
@@ -117,7 +117,15 @@ pub struct ComputeSnapshot {
 impl<E: ChunkError> Tiers<E> {
     pub fn new(mem: Arc<ChunkCache<E>>, disk: Option<Arc<DiskCache>>, pool: Arc<ComputePool<E>>) -> Arc<Self> {
         let (tx, rx) = sync_channel::<(Arc<Group<E>>, usize, ReadCtx)>(PREFETCH_QUEUE);
-        let tiers = Arc::new(Tiers { mem, disk, pool, prefetch: tx, prefetching: Flights::default(), prefetch_requested: AtomicU64::new(0), prefetch_dropped: AtomicU64::new(0) });
+        let tiers = Arc::new(Tiers {
+            mem,
+            disk,
+            pool,
+            prefetch: tx,
+            prefetching: Flights::default(),
+            prefetch_requested: AtomicU64::new(0),
+            prefetch_dropped: AtomicU64::new(0),
+        });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_DRIVERS {
             let (rx, weak) = (rx.clone(), Arc::downgrade(&tiers));
@@ -282,7 +290,7 @@ impl<E: ChunkError> Tiers<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::compute::tests::{key, on_background_thread, pool, settle, within, Gate};
+    use crate::store::compute::tests::{Gate, key, on_background_thread, pool, settle, within};
     use crate::store::disk::DiskCacheConfig;
     use crate::store::error::TestError;
     use std::sync::atomic::AtomicUsize;

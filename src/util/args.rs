@@ -13,11 +13,7 @@ where
     let (lo, hi) = (wide(min), wide(max));
     move |s: &str| {
         let rule = || {
-            if hi >= u32::MAX as i128 && lo <= 1 {
-                format!("must be an integer of at least {min}")
-            } else {
-                format!("must be an integer from {min} to {max}")
-            }
+            if hi >= u32::MAX as i128 && lo <= 1 { format!("must be an integer of at least {min}") } else { format!("must be an integer from {min} to {max}") }
         };
         let v: i128 = s.trim().parse().map_err(|_| format!("{s:?} {}", rule()))?;
         if v < lo || v > hi {
@@ -40,11 +36,7 @@ pub fn power_of_two(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> 
 
 /// A sha256 as 64 hex digits, lowercased.
 pub fn hex64(s: &str) -> Result<String, String> {
-    if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(s.to_ascii_lowercase())
-    } else {
-        Err(format!("{s:?} is not a sha256 (64 hex digits)"))
-    }
+    if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) { Ok(s.to_ascii_lowercase()) } else { Err(format!("{s:?} is not a sha256 (64 hex digits)")) }
 }
 
 /// A file name without directories.

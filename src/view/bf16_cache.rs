@@ -25,19 +25,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use super::Tiers;
 use super::derived::{Derived, Input};
 use super::tiered::{ChunkPlan, Tiered};
-use super::Tiers;
-use crate::store::disk::source_file_keys;
-use crate::store::KeyBuilder;
-use super::{Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use super::{Extent, ROOT_INO, Tree, ViewError, VirtualFile};
 use crate::codec::fp8::Fp8Blocks;
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
 use crate::source::{Source, SourceFile};
+use crate::store::KeyBuilder;
+use crate::store::disk::source_file_keys;
 
 pub const KIND: &str = "deepseek-v4-non-expert-bf16";
 pub const INDEX_NAME: &str = "model.safetensors.index.json";
@@ -163,7 +163,9 @@ pub fn read_config(config: &Value) -> Result<V4Config, ViewError> {
         return Err(err(format!("native V4 dimension config.json {key} must be a positive integer ({got})")));
     }
     let (layers, experts, hidden, inter) = (dims[0].unwrap_or(1), dims[1].unwrap_or(1), dims[2].unwrap_or(1), dims[3].unwrap_or(1));
-    for (key, v, max) in [("num_hidden_layers", layers, 4096), ("n_routed_experts", experts, 65536), ("hidden_size", hidden, 1 << 20), ("moe_intermediate_size", inter, 1 << 20)] {
+    for (key, v, max) in
+        [("num_hidden_layers", layers, 4096), ("n_routed_experts", experts, 65536), ("hidden_size", hidden, 1 << 20), ("moe_intermediate_size", inter, 1 << 20)]
+    {
         if v > max {
             return Err(err(format!("config.json {key} = {v} is beyond any real model (at most {max})")));
         }
@@ -205,7 +207,8 @@ pub fn check_experts(source: &Source, cfg: &V4Config) -> Result<(), ViewError> {
         match routed_expert_name(&t.name) {
             Some((l, e, p, k)) if l < cfg.layers && e < cfg.experts => {
                 let (n, kdim) = if p == 2 { (cfg.hidden, cfg.inter) } else { (cfg.inter, cfg.hidden) };
-                let (shape, dtypes): (Vec<u64>, &[Dtype]) = if k == 0 { (vec![n, kdim / 2], &[Dtype::I8, Dtype::U8]) } else { (vec![n, kdim / 32], &[Dtype::F8_E8M0]) };
+                let (shape, dtypes): (Vec<u64>, &[Dtype]) =
+                    if k == 0 { (vec![n, kdim / 2], &[Dtype::I8, Dtype::U8]) } else { (vec![n, kdim / 32], &[Dtype::F8_E8M0]) };
                 if t.shape != shape || !dtypes.contains(&dtype) {
                     return Err(err(format!("invalid native MXFP4 tensor {}: {:?}, {dtype:?}", t.name, t.shape)));
                 }
@@ -405,7 +408,10 @@ pub fn safetensors_header(tensors: &[(String, Dtype, Vec<u64>, u64)]) -> Result<
     let mut infos = Vec::with_capacity(tensors.len());
     for &i in &order {
         let (name, dtype, shape, nbytes) = &tensors[i];
-        infos.push((name.clone(), StInfo { dtype: *dtype, shape: shape.iter().map(|&d| d as usize).collect(), data_offsets: (offset, offset + *nbytes as usize) }));
+        infos.push((
+            name.clone(),
+            StInfo { dtype: *dtype, shape: shape.iter().map(|&d| d as usize).collect(), data_offsets: (offset, offset + *nbytes as usize) },
+        ));
         offset += *nbytes as usize;
     }
     let meta = Metadata::new(Some(HashMap::from([("format".to_string(), "pt".to_string())])), infos)
@@ -581,22 +587,27 @@ fn push_tensor(f: &mut VirtualFile, source: &Source, cfg: &V4Config, p: &Planned
 
 /// The manifest without its `files` (identity and fingerprint from headers and sampled
 /// payload windows only, as the seed computes them).
-fn manifest_base(source: &Source, planned: &[Planned], config_path: &std::path::Path, index_path: &std::path::Path, index_sha256: &str) -> Result<Value, ViewError> {
+fn manifest_base(
+    source: &Source,
+    planned: &[Planned],
+    config_path: &std::path::Path,
+    index_path: &std::path::Path,
+    index_sha256: &str,
+) -> Result<Value, ViewError> {
     let meta = source.safetensors().ok_or_else(|| err("the BF16 cache view needs a safetensors checkpoint"))?;
     let mut shard_records = Vec::new();
     for (f, h) in source.files.iter().zip(&meta.shards) {
         shard_records.push(shard_record(f, h.header_len)?);
     }
     let file_sha = |p: &std::path::Path| -> Result<String, ViewError> {
-        let b = crate::fsutil::read_limited(p, 256 << 20).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
+        let b =
+            crate::fsutil::read_limited(p, 256 << 20).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
         Ok(digest::sha256_hex(&b))
     };
     let identity = json!({"config_sha256": file_sha(config_path)?, "index_sha256": file_sha(index_path)?, "shards": shard_records});
     let fingerprint = canonical_sha(&identity);
-    let tensors_json: serde_json::Map<String, Value> = planned
-        .iter()
-        .map(|p| (p.target.clone(), json!({"shape": p.shape, "dtype": format!("{:?}", p.dtype)})))
-        .collect();
+    let tensors_json: serde_json::Map<String, Value> =
+        planned.iter().map(|p| (p.target.clone(), json!({"shape": p.shape, "dtype": format!("{:?}", p.dtype)}))).collect();
     Ok(json!({
         "kind": KIND,
         "version": 1,

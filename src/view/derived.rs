@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{vfile::VirtualFile, ViewError};
+use super::{ViewError, vfile::VirtualFile};
 use crate::digest::DigestStore;
 use crate::source::SourceFile;
 
@@ -60,7 +60,13 @@ impl Derived {
     /// inputs' bytes in the digest store (see [`DigestStore::view_key`]); an empty key: not
     /// remembered (inputs that are cheap or always streamed first). `what` names the file in
     /// log lines.
-    pub fn new(what: impl Into<String>, store: &DigestStore, key: String, inputs: Vec<Input>, render: impl Fn(&[String]) -> Vec<u8> + Send + Sync + 'static) -> Derived {
+    pub fn new(
+        what: impl Into<String>,
+        store: &DigestStore,
+        key: String,
+        inputs: Vec<Input>,
+        render: impl Fn(&[String]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Derived {
         for input in &inputs {
             if let Input::View { file, offset, len } = input {
                 file.want_digest(*offset, *len);

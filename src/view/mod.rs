@@ -25,8 +25,8 @@ pub mod warm;
 
 use std::sync::Arc;
 
-pub use registry::{build, Built, Context, Input, Purpose, View, ViewOptions, VIEWS};
-pub use tree::{Ino, NodeKind, Tree, ROOT_INO};
+pub use registry::{Built, Context, Input, Purpose, VIEWS, View, ViewOptions, build};
+pub use tree::{Ino, NodeKind, ROOT_INO, Tree};
 pub use vfile::{ChunkProducer, Extent, VirtualFile};
 
 use crate::codec::CodecError;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{bf16_cache, expert_pack, kimi_pack, kt_int8, requant, Tiers, Tree, ViewError};
+use super::{Tiers, Tree, ViewError, bf16_cache, expert_pack, kimi_pack, kt_int8, requant};
 use crate::digest::DigestStore;
 use crate::source::{Source, SourceFile};
 use crate::util::args::{int_in, plain_file_name};

@@ -21,19 +21,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
-use super::derived::{Derived, Input};
 use super::Tiers;
-use crate::store::disk::source_file_keys;
-use crate::store::KeyBuilder;
+use super::derived::{Derived, Input};
 use super::imatrix::Imatrix;
 use super::tiered::{ChunkPlan, Tiered};
-use super::{Extent, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::codec::{self, mxfp4, QuantType};
+use super::{Extent, ROOT_INO, Tree, ViewError, VirtualFile};
+use crate::codec::{self, QuantType, mxfp4};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
 use crate::source::{Source, SourceFile, TensorInfo};
+use crate::store::KeyBuilder;
+use crate::store::disk::source_file_keys;
 
 const VIEW: &str = "requant";
 pub const SOURCE_REVISION: &str = "2bc89ac599031fa673cab993f1df02fc4a98c673";
@@ -182,11 +182,9 @@ impl ChunkPlan for QuantInner {
         let mut x = vec![0f32; rows * self.k];
         let content = |rule: String| ViewError::Content { tensor: self.name.clone(), rule };
         mxfp4::dequantize_deepseek_par(&packed, &scales, self.k, &mut x).map_err(|e| match e {
-            codec::CodecError::E8m0Nan { index } => content(format!(
-                "MXFP4 scale byte 255 (E8M0 NaN) at row {}, block {}",
-                first + index / (self.k / 32),
-                index % (self.k / 32)
-            )),
+            codec::CodecError::E8m0Nan { index } => {
+                content(format!("MXFP4 scale byte 255 (E8M0 NaN) at row {}, block {}", first + index / (self.k / 32), index % (self.k / 32)))
+            }
             other => ViewError::Codec { tensor: self.name.clone(), source: other },
         })?;
         super::new_chunk(rows * self.out_row_bytes, |out| {
@@ -370,8 +368,7 @@ pub fn build(source: &Source, recipe: &Options, ctx: &super::Context) -> Result<
     let meta = source.safetensors().ok_or_else(|| err("the requantised-shards view needs a safetensors checkpoint"))?;
     let index_path = meta.index_path.as_ref().ok_or_else(|| err("model.safetensors.index.json is missing"))?;
     let text = crate::fsutil::read_limited(index_path, 256 << 20).map_err(|e| err(format!("{}: {e}", index_path.display())))?;
-    let index: Value = serde_json::from_slice(&text)
-        .map_err(|e| err(format!("{}: {e}", index_path.display())))?;
+    let index: Value = serde_json::from_slice(&text).map_err(|e| err(format!("{}: {e}", index_path.display())))?;
     let weight_map = index["weight_map"].as_object().ok_or_else(|| err("index has no weight_map"))?;
     let mut planned = plan(source, weight_map, recipe)?;
     let imatrix = match &recipe.imatrix {
@@ -406,11 +403,7 @@ pub fn build(source: &Source, recipe: &Options, ctx: &super::Context) -> Result<
         let context = ShardManifest { out_name: &out_name, shard, recipe_json: &recipe_json, importance: &importance, data_bytes };
         let manifest = context.manifest(source, &planned, &members, &f, &rows, &ctx.store);
         tree.add_file(ROOT_INO, &format!("{out_name}.manifest.json"), manifest.into_file());
-        tree.add_file(
-            ROOT_INO,
-            &format!("{out_name}.complete"),
-            VirtualFile::from_bytes(format!("{shard} {} {}\n", f.size(), members.len()).into_bytes()),
-        );
+        tree.add_file(ROOT_INO, &format!("{out_name}.complete"), VirtualFile::from_bytes(format!("{shard} {} {}\n", f.size(), members.len()).into_bytes()));
         plan_shards.push(json!({
             "source_shard": shard, "output_shard": out_name, "data_bytes": data_bytes,
             "tensors": members.iter().map(|&m| tensor_json(source, &planned[m], &out_name)).collect::<Vec<_>>(),
@@ -578,7 +571,8 @@ impl ShardManifest<'_> {
         let (out_name, shard, recipe_json, importance, data_bytes) =
             (self.out_name.to_string(), self.shard.to_string(), self.recipe_json.clone(), self.importance.to_string(), self.data_bytes);
         let file_bytes = f.size();
-        let params = format!("{}:{out_name}:{recipe_json}:{importance}:{}", crate::codec::REVISION, digest::sha256_hex(&serde_json::to_vec(&names).unwrap_or_default()));
+        let params =
+            format!("{}:{out_name}:{recipe_json}:{importance}:{}", crate::codec::REVISION, digest::sha256_hex(&serde_json::to_vec(&names).unwrap_or_default()));
         let key = DigestStore::view_key(VIEW, &params, &source.files);
         Derived::new(format!("{out_name}.manifest.json"), store, key, inputs, move |hashes| {
             let tensors: Vec<Value> = names

@@ -156,10 +156,7 @@ impl VirtualFile {
                 Extent::Computed { producer, id, len } => {
                     let chunk = producer.chunk(*id, ctx)?;
                     if chunk.len() as u64 != *len {
-                        return Err(ViewError::Internal(format!(
-                            "computed chunk {id} has {} bytes, its extent {len}",
-                            chunk.len()
-                        )));
+                        return Err(ViewError::Internal(format!("computed chunk {id} has {} bytes, its extent {len}", chunk.len())));
                     }
                     out.copy_from_slice(&chunk[within as usize..within as usize + n]);
                 }
@@ -253,13 +250,10 @@ impl VirtualFile {
         }
         let end = offset.saturating_add(len).min(self.size);
         let first = self.extents.partition_point(|(start, _)| *start <= offset) - 1;
-        self.extents[first..]
-            .iter()
-            .take_while(|(start, _)| *start < end)
-            .all(|(_, e)| match e {
-                Extent::Computed { producer, id, .. } => producer.ready(*id),
-                _ => true,
-            })
+        self.extents[first..].iter().take_while(|(start, _)| *start < end).all(|(_, e)| match e {
+            Extent::Computed { producer, id, .. } => producer.ready(*id),
+            _ => true,
+        })
     }
 
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).

@@ -17,15 +17,15 @@
 //! [`Tiers::warm`](crate::store::Tiers::warm), file entries) are `store`'s.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use super::{ChunkProducer, Extent, Tiers, VirtualFile};
-use crate::store::disk::{seal_len, HEADER_BYTES};
+use crate::store::disk::{HEADER_BYTES, seal_len};
 use crate::store::file_entries::{self, FileEntries};
 use crate::store::{Priority, ReadCtx, Warmed};
 
@@ -232,7 +232,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pool = ComputePool::new(&PoolConfig { threads: 2, ..PoolConfig::default() }).unwrap();
         // Room for three chunks; two files of two and four.
-        let tiers = Tiers::new(Arc::new(ChunkCache::new(3 * MIB as usize)), Some(Arc::new(DiskCache::open(DiskCacheConfig::new(dir.path(), 1 << 30)))), Arc::new(pool));
+        let tiers =
+            Tiers::new(Arc::new(ChunkCache::new(3 * MIB as usize)), Some(Arc::new(DiskCache::open(DiskCacheConfig::new(dir.path(), 1 << 30)))), Arc::new(pool));
         let producer = Arc::new(Mib { tiers: tiers.clone(), id: tiers.mem.producer_id(), key: KeyBuilder::new("warm-test").producer() });
         let file = |ids: std::ops::Range<u64>| {
             let mut f = VirtualFile::new();

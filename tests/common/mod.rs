@@ -34,7 +34,17 @@ pub fn ggml_lib() -> String {
 
 /// The first seed (SGLang's expert-pack builder) on `source` into `out`, with its arguments.
 pub fn seed_expert_pack(source: &Path, out: &Path, args: &[&str]) {
-    run_ok(python().arg(repo().join("tools/run_seed_expert_pack.py")).arg("--seeds").arg(shared().join("seeds")).arg("--source").arg(source).arg("--out").arg(out).args(args));
+    run_ok(
+        python()
+            .arg(repo().join("tools/run_seed_expert_pack.py"))
+            .arg("--seeds")
+            .arg(shared().join("seeds"))
+            .arg("--source")
+            .arg(source)
+            .arg("--out")
+            .arg(out)
+            .args(args),
+    );
 }
 
 /// The fourth seed's `plan` + `convert` on `src` into `out`, with recipe flags.

@@ -2,10 +2,10 @@
 //! scalar code's order) on exactly decoded integers, so there is nothing to reorder:
 //! these are the scalar loops, `LANES` values at a time, with the scalar code for tails.
 
-use super::x86::{lut16, simd_entry, Simd};
+use super::x86::{Simd, lut16, simd_entry};
 use crate::codec::iq2_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
-use crate::codec::mxfp4::{e8m0_to_f32, e8m0_to_f32_half, E2M1, KVALUES};
-use crate::codec::{float, fp16_to_f32, read_u16, CodecError};
+use crate::codec::mxfp4::{E2M1, KVALUES, e8m0_to_f32, e8m0_to_f32_half};
+use crate::codec::{CodecError, float, fp16_to_f32, read_u16};
 
 #[inline(always)]
 fn f16<S: Simd>(s: S, src: &[u8], dst: &mut [f32]) {
@@ -66,11 +66,7 @@ fn q2_k<S: Simd>(s: S, src: &[u8], dst: &mut [f32]) {
 #[inline(always)]
 fn q4_k<S: Simd>(s: S, src: &[u8], dst: &mut [f32]) {
     let sm = |j: usize, q: &[u8]| -> (u8, u8) {
-        if j < 4 {
-            (q[j] & 63, q[j + 4] & 63)
-        } else {
-            ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-        }
+        if j < 4 { (q[j] & 63, q[j + 4] & 63) } else { ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)) }
     };
     for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(256)) {
         let d = fp16_to_f32(read_u16(b, 0));

@@ -22,10 +22,10 @@
 //! (No closures over the token in kernels: a closure is compiled without the enclosing
 //! function's target features, so its intrinsics would become calls.)
 
-use super::x86::{iclamp, nearest_int, simd_entry, Simd};
+use super::x86::{Simd, iclamp, nearest_int, simd_entry};
 use crate::codec::iq2_xxs::{self, BYTES};
 use crate::codec::q2_k::{GROUP_MAX_EPS, QK_K};
-use crate::codec::{cmax, f32_to_fp16, CodecError};
+use crate::codec::{CodecError, cmax, f32_to_fp16};
 
 /// [`iq2_xxs::find_best_neighbour`], candidates across lanes. `list` runs to the end of
 /// the table (which ends in 16 zeros), so every load of `LANES` keys is in bounds.
@@ -456,8 +456,13 @@ fn rows<S: Simd>(s: S, src: &[f32], n_per_row: usize, importance: &[f32], dst: &
         } else {
             for sb in first..first + n {
                 let col = sb % per_row;
-                iq2_xxs::quantize_superblock(col, &src[sb * QK_K..(sb + 1) * QK_K], &mut dst[sb * BYTES..(sb + 1) * BYTES],
-                    &importance[col * QK_K..(col + 1) * QK_K], Lanes(s))?;
+                iq2_xxs::quantize_superblock(
+                    col,
+                    &src[sb * QK_K..(sb + 1) * QK_K],
+                    &mut dst[sb * BYTES..(sb + 1) * BYTES],
+                    &importance[col * QK_K..(col + 1) * QK_K],
+                    Lanes(s),
+                )?;
             }
         }
         first += n;

@@ -2,7 +2,7 @@
 //! wins the scalar `if a > amax`, and a maximum of NaN-free lanes is exact in any order),
 //! then per value the scalar's multiply, 1.5 * 2^23 round trip, clamp and truncation.
 
-use super::x86::{simd_entry, Simd};
+use super::x86::{Simd, simd_entry};
 
 #[inline(always)]
 fn row<S: Simd>(s: S, w: &[f32], q: &mut [i8]) -> f32 {

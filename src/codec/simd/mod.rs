@@ -18,17 +18,17 @@
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86;
+pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod iq2_xxs;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kt_int8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q2_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q8_0;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod decode;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod kt_int8;
+pub(crate) mod x86;
 
 /// A dispatch level. Ordered: a level implies the ones below it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

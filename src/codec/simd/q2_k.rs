@@ -12,8 +12,8 @@
 //! `make_qp_quants` ~12 %; it could go across lanes too, 16 blocks at a time, as the
 //! IQ2_XXS kernel does.)
 
-use super::x86::{iclamp, nearest_int, simd_entry, Simd};
-use crate::codec::q2_k::{impl_block_scales, ref_block_scales, BYTES, QK_K};
+use super::x86::{Simd, iclamp, nearest_int, simd_entry};
+use crate::codec::q2_k::{BYTES, QK_K, impl_block_scales, ref_block_scales};
 
 /// `make_qkx_quants::<16>` for `LANES` sub-blocks at once: element i of every sub-block in
 /// `x[i]`, its weight in `w[i]`. Returns (scale, the_min, levels).

@@ -5,9 +5,9 @@
 //! value: `roundf(x * id)` (ties away from zero, from `trunc` and the exact fraction),
 //! truncated to i32 as `cvttss2si`, low byte kept.
 
-use super::x86::{simd_entry, Simd};
-use crate::codec::q8_0::{self, BLOCK, BYTES};
+use super::x86::{Simd, simd_entry};
 use crate::codec::f32_to_fp16;
+use crate::codec::q8_0::{self, BLOCK, BYTES};
 
 /// `roundf` per lane: `trunc(x)`, then one away from zero when `|x - trunc(x)| >= 0.5`
 /// (the fraction is exact; infinities and NaN stay as they are).

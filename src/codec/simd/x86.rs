@@ -142,11 +142,8 @@ pub(crate) struct Avx512(());
 
 impl Avx512 {
     pub(crate) fn new() -> Option<Avx512> {
-        (Avx2::new().is_some()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl"))
-        .then_some(Avx512(()))
+        (Avx2::new().is_some() && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl"))
+            .then_some(Avx512(()))
     }
 }
 

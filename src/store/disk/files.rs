@@ -30,7 +30,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use twox_hash::{XxHash3_128, XxHash3_64};
+use twox_hash::{XxHash3_64, XxHash3_128};
 
 use super::{DiskCache, DiskKey, Mode};
 
@@ -142,9 +142,7 @@ impl DiskCache {
     /// checked, nothing read: [`DiskCache::file_entry`] checks the rest).
     pub fn has_file(&self, key: &DiskKey, size: u64) -> bool {
         let (seal, data) = self.file_paths(key);
-        self.mode() != Mode::Disabled
-            && fs::metadata(seal).is_ok_and(|m| m.len() == seal_len(size))
-            && fs::metadata(data).is_ok_and(|m| m.len() == size)
+        self.mode() != Mode::Disabled && fs::metadata(seal).is_ok_and(|m| m.len() == seal_len(size)) && fs::metadata(data).is_ok_and(|m| m.len() == size)
     }
 
     /// The data file of the file entry under `key`, open for reading and known to hold the
@@ -393,7 +391,8 @@ mod tests {
 
     /// Files under `files/` (data and seals).
     fn stored(dir: &Path) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = fs::read_dir(dir.join("files")).into_iter().flatten().flatten().flat_map(|s| fs::read_dir(s.path()).unwrap().flatten().map(|e| e.path())).collect();
+        let mut v: Vec<PathBuf> =
+            fs::read_dir(dir.join("files")).into_iter().flatten().flatten().flat_map(|s| fs::read_dir(s.path()).unwrap().flatten().map(|e| e.path())).collect();
         v.sort();
         v
     }
@@ -501,12 +500,16 @@ mod tests {
         }
         let mut x = 0x243F_6A88_85A3_08D3u64;
         for len in [0, 1, 111, 112, 120, good.len(), 1 << 16] {
-            cases.push((0..len).map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            }).collect());
+            cases.push(
+                (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect(),
+            );
         }
         // Sound checksums over wrong fields: a huge size, another block size, a short file.
         for (at, v) in [(40, u64::MAX), (40, MAX_FILE_BYTES), (88, 4096), (40, 1)] {
@@ -537,7 +540,12 @@ mod tests {
         let mut c = cache(dir.path(), budget);
         for i in 0..12 {
             assert!(put(&c, i, 2 * BLOCK));
-            let chunks: u64 = fs::read_dir(dir.path().join("entries")).unwrap().flatten().flat_map(|s| fs::read_dir(s.path()).unwrap().flatten()).map(|e| e.metadata().unwrap().len()).sum();
+            let chunks: u64 = fs::read_dir(dir.path().join("entries"))
+                .unwrap()
+                .flatten()
+                .flat_map(|s| fs::read_dir(s.path()).unwrap().flatten())
+                .map(|e| e.metadata().unwrap().len())
+                .sum();
             let total: u64 = chunks + stored(dir.path()).iter().map(|p| fs::metadata(p).unwrap().len()).sum::<u64>();
             assert!(total <= budget, "{total} bytes stored, bound {budget}");
             assert_eq!(c.size_bytes(), total);
@@ -570,11 +578,13 @@ mod tests {
     fn a_failing_writer_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let c = cache(dir.path(), 1 << 30);
-        let ok = c.put_file(&key(1), 3 * BLOCK, &mut |at, buf| if at >= BLOCK {
-            Err("the view refused".into())
-        } else {
-            buf.fill(1);
-            Ok(())
+        let ok = c.put_file(&key(1), 3 * BLOCK, &mut |at, buf| {
+            if at >= BLOCK {
+                Err("the view refused".into())
+            } else {
+                buf.fill(1);
+                Ok(())
+            }
         });
         assert!(!ok);
         assert!(stored(dir.path()).is_empty());

@@ -44,7 +44,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -57,8 +57,8 @@ mod stats;
 
 pub use budget::EvictReport;
 pub use entry::{HEADER_BYTES, MAX_ENTRY_BYTES};
-pub use files::{seal_len, FileLookup};
-pub use keys::{source_file_key, source_file_keys, DiskKey, KeyBuilder, ProducerKey};
+pub use files::{FileLookup, seal_len};
+pub use keys::{DiskKey, KeyBuilder, ProducerKey, source_file_key, source_file_keys};
 pub use stats::{DiskCounts, DiskStats, DiskStatsSnapshot};
 
 /// Writes are paused this long after the filesystem reported it is full.
@@ -259,10 +259,7 @@ impl DiskCache {
         if age < self.cfg.touch_interval {
             return;
         }
-        let times = [
-            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
-        ];
+        let times = [libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }, libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW }];
         // SAFETY: `file` is an open descriptor and `times` two valid timespecs; futimens
         // only reads them. UTIME_NOW needs write permission, not ownership.
         let rc = unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(file), times.as_ptr()) };
@@ -366,7 +363,6 @@ mod tests {
             self.0
         }
     }
-
 
     #[test]
     fn round_trip_and_counters() {

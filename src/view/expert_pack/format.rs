@@ -159,14 +159,8 @@ impl IndexEntry {
         o.extend_from_slice(&self.dtype_id.to_le_bytes());
         put_str(o, &self.dtype, 16);
         put_str(o, &self.tensor_name, 80);
-        for v in [
-            self.source_tensor_offset,
-            self.source_tensor_nbytes,
-            self.source_slice_offset,
-            self.source_slice_nbytes,
-            self.pack_offset,
-            self.pack_nbytes,
-        ] {
+        for v in [self.source_tensor_offset, self.source_tensor_nbytes, self.source_slice_offset, self.source_slice_nbytes, self.pack_offset, self.pack_nbytes]
+        {
             o.extend_from_slice(&v.to_le_bytes());
         }
         o.extend_from_slice(&self.source_tensor_sha256);
@@ -252,4 +246,3 @@ mod tests {
         assert_eq!(generation("aa", "bb", 1, 2), 11220030222268250832);
     }
 }
-

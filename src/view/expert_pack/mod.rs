@@ -15,11 +15,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::derived::{Derived, Input};
-use super::{Context, Extent, Purpose, Tree, ViewError, ViewOptions, VirtualFile, ROOT_INO};
+use super::{Context, Extent, Purpose, ROOT_INO, Tree, ViewError, ViewOptions, VirtualFile};
 use crate::digest::{self, DigestStore, SourceDigests};
 use crate::pyjson;
 use crate::source::{Source, TensorInfo};
@@ -216,22 +216,14 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
             return Err(layout_err(format!("{}: {} bytes do not split evenly into {e} experts", t.name, t.nbytes)));
         }
         let slice = t.nbytes / e;
-        let elements = t.shape[0]
-            .checked_mul(t.shape[1])
-            .ok_or_else(|| layout_err(format!("{}: element count of shape {:?} overflows", t.name, t.shape)))?;
+        let elements = t.shape[0].checked_mul(t.shape[1]).ok_or_else(|| layout_err(format!("{}: element count of shape {:?} overflows", t.name, t.shape)))?;
         if ggml_type.row_bytes(elements) != Some(slice) {
-            return Err(layout_err(format!(
-                "{}: expert slice of {slice} bytes does not hold {elements} {} elements",
-                t.name, ggml_type
-            )));
+            return Err(layout_err(format!("{}: expert slice of {slice} bytes does not hold {elements} {} elements", t.name, ggml_type)));
         }
         match role_nbytes {
             None => role_nbytes = Some((slice, t)),
             Some((prev, other)) if prev != slice => {
-                return Err(layout_err(format!(
-                    "triplet v1 requires uniform role sizes: {} has {slice} bytes per expert, {} has {prev}",
-                    t.name, other.name
-                )));
+                return Err(layout_err(format!("triplet v1 requires uniform role sizes: {} has {slice} bytes per expert, {} has {prev}", t.name, other.name)));
             }
             _ => {}
         }
@@ -288,7 +280,6 @@ pub fn plan(source: &Source, opts: &Options) -> Result<Layout, ViewError> {
         pack_size: data_start + object_count * object_stride,
     })
 }
-
 
 fn parse_hex32(option: &'static str, s: &str) -> Result<[u8; 32], ViewError> {
     let mut out = [0u8; 32];
@@ -443,11 +434,7 @@ impl ExpertPack {
             for expert in 0..l.num_experts {
                 for &ti in &l.roles[layer as usize] {
                     let t = &source.tensors[ti];
-                    f.push(Extent::Source {
-                        file: source.files[t.file].clone(),
-                        offset: t.offset + expert as u64 * l.role_nbytes,
-                        len: l.role_nbytes,
-                    });
+                    f.push(Extent::Source { file: source.files[t.file].clone(), offset: t.offset + expert as u64 * l.role_nbytes, len: l.role_nbytes });
                 }
                 f.push(Extent::Zeros(padding));
             }
@@ -665,7 +652,8 @@ fn verify(out: &std::path::Path, written: &std::collections::HashMap<String, Str
         } else if let Some(pack) = name.strip_suffix(".checkpoint.json").filter(|p| p.ends_with(".pack")) {
             let c = super::derived::read_json(out, name)?;
             let manifest = format!("{pack}.manifest.json");
-            if c["pack_sha256"].as_str() != written.get(pack).map(String::as_str) || c["manifest_sha256"].as_str() != written.get(&manifest).map(String::as_str) {
+            if c["pack_sha256"].as_str() != written.get(pack).map(String::as_str) || c["manifest_sha256"].as_str() != written.get(&manifest).map(String::as_str)
+            {
                 return Err(refuse(format!("does not match {pack} and {manifest}")));
             }
         }

@@ -24,10 +24,10 @@ pub mod validate;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::derived::{Derived, Input};
-use super::{Extent, Tree, ViewError, VirtualFile, ROOT_INO};
+use super::{Extent, ROOT_INO, Tree, ViewError, VirtualFile};
 use crate::digest::{self, DigestStore};
 use crate::pyjson::{self, Style};
 use crate::source::Source;
@@ -330,7 +330,14 @@ struct ManifestParts {
     full_source_hashes: bool,
 }
 
-fn manifest_parts(source: &Source, plan: &Plan, config: &Config, tokenizer_dir: &Path, store: &DigestStore, opts: &KimiOptions) -> Result<ManifestParts, ViewError> {
+fn manifest_parts(
+    source: &Source,
+    plan: &Plan,
+    config: &Config,
+    tokenizer_dir: &Path,
+    store: &DigestStore,
+    opts: &KimiOptions,
+) -> Result<ManifestParts, ViewError> {
     let model = plan.model.as_ref().ok_or_else(|| ViewError::Internal("a manifest needs the model config".into()))?;
     let (tok_path, tok_files) = read_tokenizer(tokenizer_dir)?;
     let (files_sha256, header_sha256) = if opts.full_source_hashes {
@@ -403,16 +410,16 @@ fn manifest_parts(source: &Source, plan: &Plan, config: &Config, tokenizer_dir: 
     });
     // When the inputs took their present state: the newest modification time among the
     // shards, the config and the tokenizer files (the manifest depends on nothing else).
-    let newest = source
-        .files
-        .iter()
-        .map(|f| f.identity().mtime_ns)
-        .chain([config.mtime_ns])
-        .chain(tok_files.iter().map(|f| f.mtime_ns))
-        .max()
-        .unwrap_or(0);
+    let newest = source.files.iter().map(|f| f.identity().mtime_ns).chain([config.mtime_ns]).chain(tok_files.iter().map(|f| f.mtime_ns)).max().unwrap_or(0);
     let created_at = crate::util::format_utc(newest.div_euclid(1_000_000_000) as i64, (newest.rem_euclid(1_000_000_000) / 1000) as u32);
-    Ok(ManifestParts { model: model_v, source: source_v, tokenizer, created_at, payload_samples: opts.payload_samples, full_source_hashes: opts.full_source_hashes })
+    Ok(ManifestParts {
+        model: model_v,
+        source: source_v,
+        tokenizer,
+        created_at,
+        payload_samples: opts.payload_samples,
+        full_source_hashes: opts.full_source_hashes,
+    })
 }
 
 fn render_manifest(parts: &ManifestParts, pack: Value) -> Vec<u8> {
@@ -452,11 +459,19 @@ pub fn build(source: &Source, store: &DigestStore, opts: &KimiOptions) -> Result
         (Some(c), Some(_)) => Some(read_config(c)?),
         (None, None) => None,
         (Some(_), None) | (None, Some(_)) => {
-            return Err(KimiError::Option { option: "model_config", rule: "model_config and tokenizer_dir are given together (the manifest needs both)".into() }.into());
+            return Err(KimiError::Option {
+                option: "model_config",
+                rule: "model_config and tokenizer_dir are given together (the manifest needs both)".into(),
+            }
+            .into());
         }
     };
     if (opts.full_source_hashes || opts.full_pack_hash) && config.is_none() {
-        return Err(KimiError::Option { option: "full_pack_hash", rule: "full_source_hashes and full_pack_hash describe the manifest: give model_config and tokenizer_dir".into() }.into());
+        return Err(KimiError::Option {
+            option: "full_pack_hash",
+            rule: "full_source_hashes and full_pack_hash describe the manifest: give model_config and tokenizer_dir".into(),
+        }
+        .into());
     }
     let plan = Plan::new(source, config.as_ref().map(|c| (&c.value, c.path.as_path())), opts.model_check, opts.name.as_deref())?;
     let (head, index_sha256) = plan.layout.head(&plan.experts, &source.tensors);

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::format::{encode_entry, Header, Role, ALIGNMENT, ARCHITECTURE, ENTRY_BYTES, HEADER_BYTES, NAME_BYTES};
-use crate::source::gguf::{split_parts, GgufFileHeader, MetaValue};
+use super::format::{ALIGNMENT, ARCHITECTURE, ENTRY_BYTES, HEADER_BYTES, Header, NAME_BYTES, Role, encode_entry};
 use crate::source::TensorInfo;
+use crate::source::gguf::{GgufFileHeader, MetaValue, split_parts};
 
 /// Caps on what a header or config may make the planner allocate or iterate (the Kimi pack's
 /// own: the views' cap on expert indices in tensor names is [`crate::view::MAX_EXPERTS`]).
@@ -304,7 +304,10 @@ pub fn check_shards(shards: &[PathBuf], headers: &[GgufFileHeader], total_tensor
                     None
                 };
                 if let Some(m) = mismatch {
-                    return Err(KimiError::Shard { shard: path.clone(), rule: format!("split metadata differs from the first shard's: {m} (a shard of another set?)") });
+                    return Err(KimiError::Shard {
+                        shard: path.clone(),
+                        rule: format!("split metadata differs from the first shard's: {m} (a shard of another set?)"),
+                    });
                 }
             }
         }
@@ -446,7 +449,11 @@ pub fn expert_tensors(tensors: &[TensorInfo], shards: &[PathBuf], spec: &PackSpe
             let t = &tensors[i];
             let want = role.dtype();
             if t.dtype.ggml() != Some(want) {
-                return Err(tensor_err(shards, t, format!("role {} must be {} (SGLang's Kimi layout), the tensor is {}", role.name(), want.name, t.dtype.name())));
+                return Err(tensor_err(
+                    shards,
+                    t,
+                    format!("role {} must be {} (SGLang's Kimi layout), the tensor is {}", role.name(), want.name, t.dtype.name()),
+                ));
             }
             if !t.nbytes.is_multiple_of(e) {
                 return Err(tensor_err(shards, t, format!("uneven slicing: {} bytes do not split into {e} equal expert slices", t.nbytes)));
@@ -500,7 +507,9 @@ impl Layout {
         let index_count = objects.checked_mul(3).ok_or_else(over)?;
         let head = index_count.checked_mul(ENTRY_BYTES).and_then(|n| n.checked_add(HEADER_BYTES)).ok_or_else(over)?;
         if head > MAX_HEAD_BYTES {
-            return Err(KimiError::LayoutRule(format!("the pack index would take {head} bytes ({index_count} entries), more than the cap of {MAX_HEAD_BYTES}")));
+            return Err(KimiError::LayoutRule(format!(
+                "the pack index would take {head} bytes ({index_count} entries), more than the cap of {MAX_HEAD_BYTES}"
+            )));
         }
         let gate = align_up(b[0]).ok_or_else(over)?;
         let down = gate.checked_add(b[1]).and_then(align_up).ok_or_else(over)?;
@@ -744,10 +753,16 @@ mod tests {
         check_shards(&s, &[header(0, 2, 10, "kimi-k3"), header(1, 2, 10, "kimi-k3")], 10).unwrap();
         let e = |h: &[GgufFileHeader], n: usize| check_shards(&s, h, n).unwrap_err().to_string();
         assert!(e(&[header(0, 2, 10, "kimi-k3"), header(0, 2, 10, "kimi-k3")], 10).contains("k-00002-of-00002.gguf: split.no is 0, but the shard is part 2"));
-        assert!(e(&[header(0, 2, 10, "kimi-k3"), header(1, 2, 12, "kimi-k3")], 10).contains("split.tensors.count is 12 but k-00001-of-00002.gguf says 10 (a shard of another set?)"));
+        assert!(
+            e(&[header(0, 2, 10, "kimi-k3"), header(1, 2, 12, "kimi-k3")], 10)
+                .contains("split.tensors.count is 12 but k-00001-of-00002.gguf says 10 (a shard of another set?)")
+        );
         assert!(e(&[header(0, 3, 10, "kimi-k3"), header(1, 3, 10, "kimi-k3")], 10).contains("split.count is 3, but the set has 2 files"));
         assert!(e(&[header(0, 2, 10, "kimi-k3"), header(1, 2, 10, "kimi-k3")], 11).contains("split.tensors.count is 10, but the shards hold 11 tensors"));
-        assert!(e(&[header(0, 2, 10, "deepseek2"), header(1, 2, 10, "deepseek2")], 10).contains("general.architecture is \"deepseek2\"; the kimi-pack view needs \"kimi-k3\""));
+        assert!(
+            e(&[header(0, 2, 10, "deepseek2"), header(1, 2, 10, "deepseek2")], 10)
+                .contains("general.architecture is \"deepseek2\"; the kimi-pack view needs \"kimi-k3\"")
+        );
         let mut bare = header(1, 2, 10, "kimi-k3");
         bare.metadata.remove("general.architecture");
         assert!(e(&[header(0, 2, 10, "kimi-k3"), bare], 10).contains("k-00002-of-00002.gguf: GGUF metadata lacks general.architecture"));

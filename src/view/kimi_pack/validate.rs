@@ -9,12 +9,12 @@ use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::format::{Entry, Header, Role, ALIGNMENT, ENTRY_BYTES, HEADER_BYTES, MAGIC_NAME, VERSION};
-use super::plan::{self, expert_key, Key, PackSpec};
 use super::Plan;
+use super::format::{ALIGNMENT, ENTRY_BYTES, Entry, HEADER_BYTES, Header, MAGIC_NAME, Role, VERSION};
+use super::plan::{self, Key, PackSpec, expert_key};
 use crate::source::Source;
 
 const CHUNK: u64 = 16 << 20;

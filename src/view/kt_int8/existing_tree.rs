@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::view::{Extent, Ino, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::source::SourceFile;
 use super::validate::{self, Expect, LEGACY_MANIFEST_NAME, MANIFEST_NAME};
+use crate::source::SourceFile;
+use crate::view::{Extent, Ino, ROOT_INO, Tree, ViewError, VirtualFile};
 
 /// A directory with a manifest (or anything in its place: the validator then says what is
 /// wrong with it) is an INT8 tree.
@@ -45,7 +45,9 @@ impl crate::view::View for Int8TreeView {
     fn build(&self, input: &crate::view::Input, opts: &crate::view::ViewOptions, _ctx: &crate::view::Context) -> Result<Tree, ViewError> {
         match input {
             crate::view::Input::Int8Tree(root) => build(root, opts.kt_int8.verify_hashes),
-            crate::view::Input::Checkpoint(_) => Err(ViewError::layout("int8-tree", "the source is a checkpoint, not an INT8 tree (no kt-weight-manifest.json)")),
+            crate::view::Input::Checkpoint(_) => {
+                Err(ViewError::layout("int8-tree", "the source is a checkpoint, not an INT8 tree (no kt-weight-manifest.json)"))
+            }
         }
     }
     fn verify(&self, _built: &crate::view::Built, out: &Path, written: &std::collections::HashMap<String, String>) -> Result<(), ViewError> {

@@ -21,18 +21,18 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use safetensors::Dtype;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::derived::{Derived, Input};
 use super::tiered::{ChunkPlan, Tiered};
-use crate::store::disk::source_file_keys;
-use crate::store::{KeyBuilder, ReadCtx};
-use super::{ChunkProducer, Tree, ViewError, VirtualFile, ROOT_INO};
-use crate::util::args::int_in;
+use super::{ChunkProducer, ROOT_INO, Tree, ViewError, VirtualFile};
 use crate::codec::{self, kt_int8};
 use crate::digest::DigestStore;
 use crate::pyjson::{self, Style};
 use crate::source::{Source, SourceFile, TensorDtype, TensorInfo};
+use crate::store::disk::source_file_keys;
+use crate::store::{KeyBuilder, ReadCtx};
+use crate::util::args::int_in;
 
 const VIEW: &str = "kt-int8";
 pub use validate::MANIFEST_NAME;
@@ -102,7 +102,9 @@ impl Matrix {
             Matrix::Mxfp4 { w, w_off, s, s_off } => {
                 key.field("matrix", "mxfp4").field("weight_file", file(w)).u64("weight_offset", *w_off).field("scale_file", file(s)).u64("scale_offset", *s_off)
             }
-            Matrix::Ggml { f, off, nbytes, ty } => key.field("matrix", "ggml").field("file", file(f)).u64("offset", *off).u64("nbytes", *nbytes).field("type", ty.name),
+            Matrix::Ggml { f, off, nbytes, ty } => {
+                key.field("matrix", "ggml").field("file", file(f)).u64("offset", *off).u64("nbytes", *nbytes).field("type", ty.name)
+            }
             Matrix::Dense { f, off, dtype } => key.field("matrix", "dense").field("file", file(f)).u64("offset", *off).field("dtype", format!("{dtype:?}")),
         }
     }
@@ -453,7 +455,6 @@ impl Int8Inner {
             _ => 4 * il,
         }) as u64
     }
-
 }
 
 impl ChunkPlan for Int8Inner {

@@ -22,8 +22,8 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::source::json::{self, JsonError};
 use crate::source::SourceError;
+use crate::source::json::{self, JsonError};
 
 pub const MANIFEST_NAME: &str = "kt-weight-manifest.json";
 pub const LEGACY_MANIFEST_NAME: &str = "kt-ephemeral-manifest.json";
@@ -88,7 +88,13 @@ fn py_repr(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "None".into(),
         Some(Value::String(s)) => format!("'{s}'"),
-        Some(Value::Bool(b)) => if *b { "True".into() } else { "False".into() },
+        Some(Value::Bool(b)) => {
+            if *b {
+                "True".into()
+            } else {
+                "False".into()
+            }
+        }
         Some(other) => other.to_string(),
     }
 }
@@ -122,17 +128,11 @@ fn resolve_root(root: &Path) -> R<PathBuf> {
 }
 
 fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64)> {
-    let candidates: Vec<PathBuf> = [MANIFEST_NAME, LEGACY_MANIFEST_NAME]
-        .iter()
-        .map(|n| root.join(n))
-        .filter(|p| p.exists() || is_symlink(p))
-        .collect();
+    let candidates: Vec<PathBuf> = [MANIFEST_NAME, LEGACY_MANIFEST_NAME].iter().map(|n| root.join(n)).filter(|p| p.exists() || is_symlink(p)).collect();
     if candidates.len() != 1 {
         let names: Vec<String> = candidates.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
         let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
-        return Err(format!(
-            "persistent INT8 weight root requires exactly one manifest ({MANIFEST_NAME} or legacy {LEGACY_MANIFEST_NAME}); found {names}"
-        ));
+        return Err(format!("persistent INT8 weight root requires exactly one manifest ({MANIFEST_NAME} or legacy {LEGACY_MANIFEST_NAME}); found {names}"));
     }
     let path = candidates.into_iter().next().unwrap_or_default();
     // Checked before anything opens it: a FIFO here must not block.
@@ -195,11 +195,7 @@ fn parse_kt_name(name: &str) -> Option<(&str, u64, u64, &str)> {
 }
 
 fn path_parts(p: &str) -> Vec<String> {
-    Path::new(p)
-        .components()
-        .filter(|c| !matches!(c, Component::CurDir))
-        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-        .collect()
+    Path::new(p).components().filter(|c| !matches!(c, Component::CurDir)).map(|c| c.as_os_str().to_string_lossy().into_owned()).collect()
 }
 
 /// Validate one layer; its files (relative paths) are appended to `validated`.
@@ -255,9 +251,10 @@ fn validate_layer(
             actual_sizes.insert(rel, meta.size());
         }
     }
-    let expected_count = numa.checked_mul(experts).and_then(|n| n.checked_mul(6)).ok_or_else(|| {
-        format!("persistent INT8 layer {idx}: threadpool_count {numa} x expert_num {experts} x 6 files overflows")
-    })?;
+    let expected_count = numa
+        .checked_mul(experts)
+        .and_then(|n| n.checked_mul(6))
+        .ok_or_else(|| format!("persistent INT8 layer {idx}: threadpool_count {numa} x expert_num {experts} x 6 files overflows"))?;
     let files = match layer.get("files") {
         Some(Value::Array(f)) if f.len() as i64 == expected_count => f,
         _ => return Err(format!("persistent INT8 layer {idx} must list exactly {expected_count} files")),
@@ -315,13 +312,9 @@ fn validate_layer(
             ("down", "scale") => h.checked_mul(4),
             (_, _) => per_numa.checked_mul(4),
         }
-        .ok_or_else(|| {
-            format!("INT8 size contract for {rel} overflows 64 bits (hidden_size {hidden}, intermediate_size/threadpool_count {per_numa})")
-        })?;
+        .ok_or_else(|| format!("INT8 size contract for {rel} overflows 64 bits (hidden_size {hidden}, intermediate_size/threadpool_count {per_numa})"))?;
         if encoded != expected || declared != expected {
-            return Err(format!(
-                "INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}"
-            ));
+            return Err(format!("INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}"));
         }
         if observed != declared {
             return Err(format!("INT8 manifest size mismatch for {}: expected {declared}, got {observed}", absolute.display()));
