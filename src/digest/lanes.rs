@@ -445,7 +445,7 @@ impl Engine {
                             }
                             free |= 1 << s.lane;
                             a.slice = None;
-                        } else if !a.whole.is_some_and(|w| s.pos >= w.pos + BUF as u64) {
+                        } else if a.whole.is_none_or(|w| s.pos < w.pos + BUF as u64) {
                             refill = true;
                         }
                         // Else the slice stream is a buffer ahead of the range stream (slices
