@@ -194,10 +194,11 @@ pub enum Found {
 }
 
 impl Backing {
-    pub fn file(&self) -> &std::fs::File {
+    /// The file to hand the kernel (`None` for a remote source, which has no local file).
+    pub fn file(&self) -> Option<&std::fs::File> {
         match self {
             Backing::Source(s) => s.file(),
-            Backing::Entry(f) => f,
+            Backing::Entry(f) => Some(f),
         }
     }
 }
@@ -352,7 +353,7 @@ impl Fs {
     pub fn passthrough_backing(&self, ino: Ino) -> Result<Found, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let NodeKind::File(f) = &node.kind else { return Ok(Found::NoBacking) };
-        if let Some(src) = f.whole_source() {
+        if let Some(src) = f.whole_source().filter(|s| !s.is_remote()) {
             src.check_now().map_err(|e| FsError::Read { path: node.name.clone(), source: ViewError::Source(e) })?;
             return Ok(Found::Backing(Backing::Source(src.clone())));
         }

@@ -75,13 +75,17 @@ impl Passthrough {
         let id = match (state.backing.upgrade(), found) {
             (Some(_), Found::Corrupt) => return Decision::Refuse,
             (Some(id), _) => id,
-            (None, Found::Backing(b)) if enabled && state.cached == 0 => match reply.open_backing(b.file()) {
-                Ok(id) => {
+            (None, Found::Backing(b)) if enabled && state.cached == 0 && b.file().is_some() => match b.file().map(|f| reply.open_backing(f)) {
+                None => {
+                    state.cached += 1;
+                    return Decision::Cached(None);
+                }
+                Some(Ok(id)) => {
                     let id = Arc::new(id);
                     state.backing = Arc::downgrade(&id);
                     id
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     state.cached += 1;
                     return Decision::Cached(Some(e));
                 }

@@ -98,8 +98,9 @@ impl SourceFile {
     /// from `offset`, failing on a short read or a changed file. A range the page cache
     /// holds whole is read from it (see the module docs).
     pub fn read_exact_at_direct(&self, buf: &mut [u8], offset: u64) -> Result<(), SourceError> {
+        let Some(local) = self.file() else { return self.read_exact_at(buf, offset) };
         let Some((file, align)) = self.direct_fd() else { return self.read_exact_at(buf, offset) };
-        if resident(self.file(), offset, buf.len() as u64) {
+        if resident(local, offset, buf.len() as u64) {
             return self.read_exact_at(buf, offset);
         }
         let end = offset.checked_add(buf.len() as u64);
@@ -252,15 +253,15 @@ mod tests {
         if f.direct_fd().is_none() {
             return; // no O_DIRECT here (tmpfs): nothing to check
         }
-        assert!(!resident(f.file(), 0, bytes.len() as u64));
+        assert!(!resident(f.file().unwrap(), 0, bytes.len() as u64));
         let mut buf = vec![0u8; bytes.len() - 10];
         f.read_exact_at_direct(&mut buf, 10).unwrap();
         assert!(buf == bytes[10..]);
-        assert!(!resident(f.file(), 0, 4096), "a cold direct read left pages in the page cache");
+        assert!(!resident(f.file().unwrap(), 0, 4096), "a cold direct read left pages in the page cache");
         // Warm it: now every range is resident and reads still give the same bytes.
         assert_eq!(std::fs::read(&path).unwrap(), bytes);
-        assert!(resident(f.file(), 5, 3 * 4096));
-        assert!(resident(f.file(), 0, bytes.len() as u64));
+        assert!(resident(f.file().unwrap(), 5, 3 * 4096));
+        assert!(resident(f.file().unwrap(), 0, bytes.len() as u64));
         f.read_exact_at_direct(&mut buf, 10).unwrap();
         assert!(buf == bytes[10..]);
     }

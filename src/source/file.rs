@@ -1,5 +1,7 @@
 //! One open source file: its path, a read-only descriptor, and the identity it had
-//! when it was opened (device, inode, size, mtime, ctime).
+//! when it was opened (device, inode, size, mtime, ctime). A remote object
+//! ([`super::remote`]) is a source file too: its path is its URL, its identity the URL
+//! and the version pinned at open, and its reads are conditional ranged GETs.
 //!
 //! Every byte xpackfs serves from a source goes through [`SourceFile::read_exact_at`],
 //! which uses `pread` (never a mapping: a source truncated under a mapping would
@@ -32,7 +34,17 @@ pub struct FileIdentity {
     pub ctime_ns: i128,
 }
 
+/// The `device` of a remote object's identity (no local device has it).
+pub const REMOTE_DEVICE: u64 = u64::MAX;
+
 impl FileIdentity {
+    /// A remote object's identity: its URL, size and pinned version hashed into the inode
+    /// and ctime fields (128 bits), under [`REMOTE_DEVICE`].
+    pub fn remote(object: &super::remote::RemoteObject) -> Self {
+        let h = object.identity_hash();
+        FileIdentity { device: REMOTE_DEVICE, inode: h as u64, size: object.size(), mtime_ns: 0, ctime_ns: (h >> 64) as u64 as i128 }
+    }
+
     pub fn of(meta: &std::fs::Metadata) -> Self {
         FileIdentity {
             device: meta.dev(),
@@ -47,7 +59,7 @@ impl FileIdentity {
 #[derive(Debug)]
 pub struct SourceFile {
     path: PathBuf,
-    file: File,
+    inner: Inner,
     identity: FileIdentity,
     /// When the path was last checked to still name this file (ms since the epoch).
     path_checked_ms: AtomicU64,
@@ -55,11 +67,46 @@ pub struct SourceFile {
     pub(super) direct: super::direct::DirectFd,
 }
 
+#[derive(Debug)]
+enum Inner {
+    Local(File),
+    Remote(super::remote::RemoteObject),
+}
+
 /// How often reads re-check that the path still names the open file (replaced, deleted).
 const PATH_CHECK_MS: u64 = 1000;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Check that `path` names a file that can be a source file: a regular file (after
+/// resolving symlinks), or a remote object.
+pub fn check_file(path: &Path) -> Result<(), SourceError> {
+    if super::remote::is_remote(path) {
+        return match super::remote::stat(path)? {
+            Some(super::remote::Kind::File(_)) => Ok(()),
+            Some(super::remote::Kind::Dir) => Err(SourceError::NotRegular { path: super::remote::display(path), kind: "a directory (a prefix)" }),
+            None => Err(SourceError::Io { path: super::remote::display(path), source: std::io::Error::from(std::io::ErrorKind::NotFound) }),
+        };
+    }
+    check_regular(path).map(drop)
+}
+
+/// Is there a directory at `path` (local or remote)? Errors count as no.
+pub fn is_dir(path: &Path) -> bool {
+    if super::remote::is_remote(path) {
+        return matches!(super::remote::stat(path), Ok(Some(super::remote::Kind::Dir)));
+    }
+    path.is_dir()
+}
+
+/// Is anything at `path` (a dangling symlink counts: it is refused by name when read)?
+pub fn present(path: &Path) -> bool {
+    if super::remote::is_remote(path) {
+        return matches!(super::remote::stat(path), Ok(Some(_)));
+    }
+    std::fs::symlink_metadata(path).is_ok()
 }
 
 /// Check that `path` is a regular file after resolving symlinks, without opening it.
@@ -85,10 +132,20 @@ impl SourceFile {
     /// Open a source file: it must be a regular file (after resolving symlinks); anything
     /// else is refused before it is opened for reading.
     pub fn open(path: &Path) -> Result<Self, SourceError> {
+        if super::remote::is_remote(path) {
+            let object = super::remote::open(path)?;
+            return Ok(SourceFile {
+                path: PathBuf::from(object.url()),
+                identity: FileIdentity::remote(&object),
+                inner: Inner::Remote(object),
+                path_checked_ms: AtomicU64::new(now_ms()),
+                direct: Default::default(),
+            });
+        }
         let (file, meta) = open_regular(path)?;
         Ok(SourceFile {
             path: path.to_path_buf(),
-            file,
+            inner: Inner::Local(file),
             identity: FileIdentity::of(&meta),
             path_checked_ms: AtomicU64::new(now_ms()),
             direct: Default::default(),
@@ -111,6 +168,9 @@ impl SourceFile {
     /// deleted). Rate-limited to once per second per file: a stat by path per read would
     /// cost more than the read itself.
     pub(super) fn check_path(&self) -> Result<(), SourceError> {
+        if self.is_remote() {
+            return Ok(());
+        }
         let now = now_ms();
         let last = self.path_checked_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) < PATH_CHECK_MS {
@@ -132,14 +192,27 @@ impl SourceFile {
     }
 
     /// The open file (the inode checked at open), e.g. to hand to the kernel as a FUSE
-    /// passthrough backing file.
-    pub fn file(&self) -> &File {
-        &self.file
+    /// passthrough backing file; `None` for a remote object.
+    pub fn file(&self) -> Option<&File> {
+        match &self.inner {
+            Inner::Local(f) => Some(f),
+            Inner::Remote(_) => None,
+        }
     }
 
-    /// Check that the open file still has the identity it had when opened.
+    /// Is this a remote object (read over the network)?
+    pub fn is_remote(&self) -> bool {
+        matches!(self.inner, Inner::Remote(_))
+    }
+
+    /// Check that the open file still has the identity it had when opened. (A remote
+    /// object's every read is conditional on its pinned version: nothing to check here.)
     pub fn check_unchanged(&self) -> Result<(), SourceError> {
-        let meta = self.file.metadata().map_err(|e| SourceError::Io { path: self.path.clone(), source: e })?;
+        let file = match &self.inner {
+            Inner::Local(f) => f,
+            Inner::Remote(_) => return Ok(()),
+        };
+        let meta = file.metadata().map_err(|e| SourceError::Io { path: self.path.clone(), source: e })?;
         let now = FileIdentity::of(&meta);
         if now != self.identity {
             let what = if now.size != self.identity.size {
@@ -161,7 +234,11 @@ impl SourceFile {
                 format!("read of {} bytes at {offset} is beyond the end of the file ({})", buf.len(), self.identity.size),
             ));
         }
-        self.file.read_exact_at(buf, offset).map_err(|e| {
+        let file = match &self.inner {
+            Inner::Local(f) => f,
+            Inner::Remote(o) => return o.read_exact_at(buf, offset).map_err(SourceError::Remote),
+        };
+        file.read_exact_at(buf, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 SourceError::Changed { path: self.path.clone(), what: format!("short read at offset {offset}: file shrank") }
             } else {

@@ -209,7 +209,7 @@ fn split_set_paths(path: &Path, limits: &Limits) -> Result<Vec<PathBuf>, SourceE
     let paths: Vec<PathBuf> = (1..=count).map(|i| dir.join(format!("{prefix}-{i:05}-of-{count:05}.gguf"))).collect();
     // Every part must be there and be a regular file before any is opened.
     for p in &paths {
-        match super::check_regular(p) {
+        match super::check_file(p) {
             Err(SourceError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Err(SourceError::format(p, format!("part of a {count}-file split set is missing")));
             }

@@ -112,10 +112,17 @@ pub fn check_values(text: &[u8], max_values: u64) -> Result<(), JsonError> {
 
 /// Read a JSON file within the caps.
 pub fn read_capped(path: &Path, max_bytes: u64, max_values: u64) -> Result<serde_json::Value, JsonError> {
-    let text = fsutil::read_bounded(path, max_bytes).map_err(|e| match e {
+    let text = if super::remote::is_remote(path) {
+        match super::remote::stat(path).map_err(|e| JsonError::Source(e.into()))? {
+            Some(super::remote::Kind::File(m)) if m.size > max_bytes => return Err(JsonError::TooLarge { len: m.size, cap: max_bytes }),
+            _ => super::remote::read_capped(path, max_bytes).map_err(|e| JsonError::Source(e.into()))?,
+        }
+    } else {
+        fsutil::read_bounded(path, max_bytes).map_err(|e| match e {
         fsutil::LimitedError::Regular(e) => JsonError::Source(regular_err(path, e)),
         fsutil::LimitedError::TooLarge { len, cap } => JsonError::TooLarge { len, cap },
-    })?;
+    })?
+    };
     std::str::from_utf8(&text).map_err(JsonError::NotUtf8)?;
     check_values(&text, max_values)?;
     serde_json::from_slice(&text).map_err(JsonError::Syntax)

@@ -11,13 +11,14 @@ pub mod direct;
 pub mod file;
 pub mod gguf;
 pub mod json;
+pub mod remote;
 pub mod safetensors;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use direct::SourceIo;
-pub use file::{FileIdentity, SourceFile, check_regular, open_regular};
+pub use file::{FileIdentity, SourceFile, check_file, check_regular, is_dir, open_regular, present};
 
 use crate::codec::GgmlType;
 
@@ -34,6 +35,9 @@ pub enum SourceError {
     /// Sources, shards, split parts and every other input file must be regular files.
     #[error("{}: is {kind}, not a regular file", path.display())]
     NotRegular { path: PathBuf, kind: &'static str },
+    /// A remote source's failure (its message names the URL).
+    #[error(transparent)]
+    Remote(#[from] remote::RemoteError),
 }
 
 impl SourceError {
@@ -100,10 +104,10 @@ pub enum SourceKind {
 }
 
 impl Source {
-    /// Open a checkpoint by path, detecting its format: a `.gguf` file (or part of a split
-    /// set), a `.safetensors` file, or a directory of safetensors shards.
+    /// Open a checkpoint by path or remote URL, detecting its format: a `.gguf` file (or
+    /// part of a split set), a `.safetensors` file, or a directory of safetensors shards.
     pub fn open(path: &Path) -> Result<Source, SourceError> {
-        let is_safetensors = path.is_dir() || path.extension().is_some_and(|e| e == "safetensors");
+        let is_safetensors = is_dir(path) || path.extension().is_some_and(|e| e == "safetensors");
         if is_safetensors { safetensors::open(path) } else { gguf::open(path) }
     }
 

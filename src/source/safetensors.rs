@@ -25,7 +25,7 @@ use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
 use super::json::{JsonError, read_capped};
-use super::{Source, SourceError, SourceFile, SourceKind, TensorDtype, TensorInfo};
+use super::{Source, SourceError, SourceFile, SourceKind, TensorDtype, TensorInfo, present};
 
 pub const INDEX_NAME: &str = "model.safetensors.index.json";
 pub const SINGLE_NAME: &str = "model.safetensors";
@@ -261,14 +261,9 @@ fn plain_name(root: &Path, index: &Path, name: &str) -> Result<(), SourceError> 
     Ok(())
 }
 
-/// Something is at `p` (a dangling symlink counts: it is refused by name when read).
-fn present(p: &Path) -> bool {
-    std::fs::symlink_metadata(p).is_ok()
-}
-
 /// Open a safetensors checkpoint: a directory or a single `.safetensors` file.
 pub fn open(path: &Path) -> Result<Source, SourceError> {
-    let (root, config_path, index_path, shard_names) = if path.is_dir() {
+    let (root, config_path, index_path, shard_names) = if super::is_dir(path) {
         let root = path.to_path_buf();
         let config = root.join("config.json");
         let config_path = present(&config).then_some(config);
@@ -303,7 +298,7 @@ pub fn open(path: &Path) -> Result<Source, SourceError> {
     };
     // Every shard must be a regular file before any is opened.
     for name in &shard_names {
-        super::check_regular(&root.join(name))?;
+        super::check_file(&root.join(name))?;
     }
     let config = match &config_path {
         Some(p) => Some(read_json(p, "config.json", MAX_CONFIG_BYTES, MAX_CONFIG_VALUES)?),

@@ -1,0 +1,295 @@
+//! Remote sources: checkpoints read where they live, on S3 (and S3-compatible servers),
+//! GCS, Azure Blob, any HTTP(S) server with Range support, or the Hugging Face Hub.
+//!
+//! A remote URL travels through the program as a path (`s3://bucket/dir/model.gguf`); the
+//! source layer asks this module what is at such a path ([`stat`], [`list_dir`]) and opens
+//! objects ([`open`]) as it would local files. Each bucket (container, host, Hub repository
+//! at a revision) is a [`Namespace`], made once per process and shared by every file in it.
+//!
+//! What this module guarantees:
+//! - **Pinned identity.** An object's size and ETag (and version id where the store has
+//!   them; for the Hub, the revision resolved to its commit) are taken when it is first
+//!   seen, and every ranged read is conditional on them: an object replaced while in use
+//!   fails the reads it affects ([`RemoteError::Changed`]), never mixing old and new bytes.
+//! - **Bytes checked.** A reply is used only if it is a 206 whose `Content-Range` is the
+//!   range asked for and whose body is exactly that long; anything else is an error naming
+//!   what the server did.
+//! - **Bounded retries.** Transient failures (5xx, throttling, resets, cut bodies, stalls)
+//!   are retried with full-jitter exponential backoff, a cut body resumed from its last
+//!   byte; a stall (no byte for the read timeout) abandons the connection. When retries are
+//!   spent the read fails (EIO at the FUSE edge) and later reads try again.
+//! - **No secrets out.** Tokens, keys and presigned query strings never appear in errors,
+//!   logs or statistics.
+//!
+//! The network clients are `object_store` (S3, GCS, Azure, HTTP: `objects.rs`) and, for
+//! the Hub's file protocol, which `object_store` does not speak, a small client on the same
+//! HTTP stack (`hub.rs`). Both run on one process-wide tokio runtime; callers are ordinary
+//! threads that block on it.
+
+mod creds;
+mod hub;
+mod objects;
+pub mod stats;
+mod url;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+pub use url::{RemoteUrl, Scheme};
+
+/// How remote sources are reached: set once per process from the command line
+/// ([`configure`]); the environment fills in the rest (credentials, `AWS_ENDPOINT_URL`,
+/// `HF_ENDPOINT`, ...).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// S3-compatible endpoint (`-o endpoint=URL`; else `AWS_ENDPOINT_URL`).
+    pub endpoint: Option<String>,
+    /// S3 region (`-o region=`; else the environment or the profile; else us-east-1).
+    pub region: Option<String>,
+    /// Read public buckets without credentials (`-o no_sign_request`).
+    pub no_sign_request: bool,
+    /// Attempts per request before a read fails.
+    pub max_attempts: usize,
+    /// No byte for this long abandons a connection (and retries).
+    pub stall_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            endpoint: None,
+            region: None,
+            no_sign_request: false,
+            max_attempts: 10,
+            stall_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// Set how remote sources are reached (once, before the first remote path is touched; a
+/// later call is ignored and says so).
+pub fn configure(config: Config) {
+    if CONFIG.set(config).is_err() {
+        tracing::debug!("remote sources were configured already");
+    }
+}
+
+fn config() -> &'static Config {
+    CONFIG.get_or_init(Config::default)
+}
+
+/// The process's runtime for network I/O (two workers: the work is waiting, not computing).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("xpackfs-net")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the network runtime: {e}"))
+    })
+}
+
+/// Run a future to completion on the network runtime from an ordinary thread.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    runtime().block_on(f)
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RemoteError {
+    #[error("{url}: not found{hint}")]
+    NotFound { url: String, hint: String },
+    #[error("{url}: access denied ({status}): {hint}")]
+    Denied { url: String, status: u16, hint: String },
+    #[error("{url}: the repository is gated: request access on its page, then use a token of an account that has it (HF_TOKEN)")]
+    Gated { url: String },
+    #[error("{url}: cannot reach the server: {cause}")]
+    Unreachable { url: String, cause: String },
+    #[error("{url}: changed on the server since it was opened ({what}): remount to see the new version")]
+    Changed { url: String, what: String },
+    #[error("{url}: the server's answer is unusable: {what}")]
+    BadResponse { url: String, what: String },
+    #[error("{url}: {cause}")]
+    Failed { url: String, cause: String },
+    #[error("{url}: {what}")]
+    Unsupported { url: String, what: String },
+}
+
+/// What identifies one version of an object: checked on every read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pin {
+    pub etag: Option<String>,
+    pub version: Option<String>,
+    /// The content's sha256 where the store states it (the Hub's LFS oid), lowercase hex.
+    pub sha256: Option<String>,
+}
+
+impl Pin {
+    /// The pin as one string, for identity keys.
+    pub fn describe(&self) -> String {
+        format!("etag={};version={};sha256={}", self.etag.as_deref().unwrap_or(""), self.version.as_deref().unwrap_or(""), self.sha256.as_deref().unwrap_or(""))
+    }
+}
+
+/// An object's size and pin, as seen when it was first listed or opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub size: u64,
+    pub pin: Pin,
+}
+
+/// What is at a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    File(Meta),
+    Dir,
+}
+
+/// One bucket, container, host or Hub repository at a revision.
+pub(crate) trait Namespace: Send + Sync + std::fmt::Debug {
+    /// The URL of `key` in this namespace, for messages.
+    fn url(&self, key: &str) -> String;
+    /// What is at `key` ("" is the root), or `None`.
+    fn stat(&self, key: &str) -> Result<Option<Kind>, RemoteError>;
+    /// The entries directly under directory `dir` ("" is the root), names only.
+    fn list_dir(&self, dir: &str) -> Result<Vec<(String, Kind)>, RemoteError>;
+    /// Fill `buf` with the object's bytes from `offset`, as pinned by `meta`.
+    fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError>;
+}
+
+fn namespaces() -> &'static Mutex<HashMap<String, Arc<dyn Namespace>>> {
+    static NS: OnceLock<Mutex<HashMap<String, Arc<dyn Namespace>>>> = OnceLock::new();
+    NS.get_or_init(Default::default)
+}
+
+/// Is `p` a remote URL (rather than a local path)?
+pub fn is_remote(p: &Path) -> bool {
+    RemoteUrl::parse_path(p).is_some()
+}
+
+/// The parsed URL and its namespace (made on first use: for the Hub this resolves the
+/// revision, which may fail).
+fn resolve(p: &Path) -> Result<(RemoteUrl, Arc<dyn Namespace>), RemoteError> {
+    let url = match RemoteUrl::parse_path(p) {
+        Some(Ok(u)) => u,
+        Some(Err(e)) => return Err(RemoteError::Unsupported { url: p.display().to_string(), what: e }),
+        None => return Err(RemoteError::Unsupported { url: p.display().to_string(), what: "not a remote URL".into() }),
+    };
+    let name = url.namespace();
+    if let Some(ns) = namespaces().lock().get(&name) {
+        return Ok((url, ns.clone()));
+    }
+    // Made outside the lock: making one may take a round trip.
+    let ns: Arc<dyn Namespace> = match url.scheme {
+        Scheme::Hf => Arc::new(hub::Repo::open(&url, config())?),
+        _ => Arc::new(objects::Bucket::open(&url, config())?),
+    };
+    Ok((url, namespaces().lock().entry(name).or_insert(ns).clone()))
+}
+
+/// What is at `p`: a file (with its size and pin), a directory, or nothing.
+pub fn stat(p: &Path) -> Result<Option<Kind>, RemoteError> {
+    let (url, ns) = resolve(p)?;
+    ns.stat(&url.key)
+}
+
+/// The names directly under directory `p`, sorted, with what each is.
+pub fn list_dir(p: &Path) -> Result<Vec<(String, Kind)>, RemoteError> {
+    let (url, ns) = resolve(p)?;
+    let mut v = ns.list_dir(&url.key)?;
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(v)
+}
+
+/// One remote object, pinned at open.
+#[derive(Debug)]
+pub struct RemoteObject {
+    url: String,
+    key: String,
+    meta: Meta,
+    ns: Arc<dyn Namespace>,
+}
+
+/// Open the object at `p` (it must be a file).
+pub fn open(p: &Path) -> Result<RemoteObject, RemoteError> {
+    let (url, ns) = resolve(p)?;
+    match ns.stat(&url.key)? {
+        Some(Kind::File(meta)) => Ok(RemoteObject { url: url.display(), key: url.key.clone(), meta, ns }),
+        Some(Kind::Dir) => Err(RemoteError::Unsupported { url: url.display(), what: "is a directory (a prefix), not an object".into() }),
+        None => Err(RemoteError::NotFound { url: url.display(), hint: String::new() }),
+    }
+}
+
+impl RemoteObject {
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+    pub fn size(&self) -> u64 {
+        self.meta.size
+    }
+
+    /// Fill `buf` from `offset`, as pinned at open.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), RemoteError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.meta.size) {
+            return Err(RemoteError::Failed {
+                url: self.url.clone(),
+                cause: format!("read of {} bytes at {offset} is beyond the end of the object ({})", buf.len(), self.meta.size),
+            });
+        }
+        self.ns.read(&self.key, &self.meta, offset, buf)
+    }
+
+    /// An identity for keys (digest store, disk cache): the URL and the pin, hashed.
+    pub fn identity_hash(&self) -> u128 {
+        twox_hash::XxHash3_128::oneshot(format!("{}\0{}\0{}", self.url, self.meta.size, self.meta.pin.describe()).as_bytes())
+    }
+}
+
+/// Read a whole small object (JSON side files), refusing one over `max` bytes.
+pub fn read_capped(p: &Path, max: u64) -> Result<Vec<u8>, RemoteError> {
+    let o = open(p)?;
+    if o.size() > max {
+        return Err(RemoteError::Failed { url: o.url.clone(), cause: format!("{} bytes, over the cap of {max}", o.size()) });
+    }
+    let mut buf = vec![0u8; o.size() as usize];
+    o.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// The URL path `p` names, for messages (a path that lost a slash is shown repaired).
+pub fn display(p: &Path) -> PathBuf {
+    match RemoteUrl::parse_path(p) {
+        Some(Ok(u)) => PathBuf::from(u.display()),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Full-jitter exponential backoff before attempt `attempt` (1-based): uniform in
+/// `0..min(cap, base * 2^attempt)`.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    let cap = Duration::from_secs(15);
+    let base = Duration::from_millis(100);
+    let ceiling = base.saturating_mul(1u32 << attempt.min(16)).min(cap);
+    let nanos = ceiling.as_nanos() as u64;
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    // A cheap per-call random value: the clock's low bits hashed.
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    Duration::from_nanos(twox_hash::XxHash3_64::oneshot(&seed.to_le_bytes()) % nanos)
+}

@@ -1,0 +1,274 @@
+//! Object stores through the `object_store` crate: S3 (and S3-compatible servers), GCS,
+//! Azure Blob and plain HTTP(S). One [`Bucket`] per bucket, container or host.
+//!
+//! `object_store` does the protocol work: signing, credential chains, retries with
+//! full-jitter backoff, resuming a cut body under the same ETag, and refusing a ranged
+//! answer that is not a 206 with the `Content-Range` asked for. Here: the client options
+//! (no whole-request timeout, which would fail a large part on a slow link; a stall timeout
+//! instead), listings cached per directory, every read conditional on the pinned ETag and
+//! version, the body's length and ETag checked again, and errors mapped to what a user
+//! can act on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use object_store::path::Path as OsPath;
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+use parking_lot::Mutex;
+
+use super::stats::{self, CountingConnector};
+use super::{Config, Kind, Meta, Namespace, Pin, RemoteError, RemoteUrl, Scheme, block_on};
+
+#[derive(Debug)]
+pub struct Bucket {
+    /// `s3://bucket`, for messages.
+    base: String,
+    scheme: Scheme,
+    store: Arc<dyn ObjectStore>,
+    /// Directory listings, by directory key ("" is the root).
+    listings: Mutex<HashMap<String, Arc<Vec<(String, Kind)>>>>,
+}
+
+fn client_options(config: &Config, allow_http: bool) -> ClientOptions {
+    ClientOptions::new()
+        .with_allow_http(allow_http)
+        .with_timeout_disabled()
+        .with_read_timeout(config.stall_timeout)
+        .with_connect_timeout(config.connect_timeout)
+        .with_pool_idle_timeout(Duration::from_secs(60))
+}
+
+fn retry_config(config: &Config) -> RetryConfig {
+    RetryConfig {
+        backoff: object_store::BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(15), base: 2.0 },
+        max_retries: config.max_attempts.saturating_sub(1),
+        retry_timeout: Duration::from_secs(180),
+    }
+}
+
+impl Bucket {
+    pub fn open(url: &RemoteUrl, config: &Config) -> Result<Bucket, RemoteError> {
+        let base = url.namespace();
+        let bad = |e: object_store::Error| RemoteError::Unsupported { url: base.clone(), what: format!("cannot set up the client: {}", clip(&e.to_string())) };
+        let store: Arc<dyn ObjectStore> = match url.scheme {
+            Scheme::S3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&url.root);
+                let endpoint = config.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok()).or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
+                let allow_http = endpoint.as_deref().is_some_and(|e| e.starts_with("http://"));
+                if let Some(e) = &endpoint {
+                    b = b.with_endpoint(e.trim_end_matches('/')).with_virtual_hosted_style_request(false);
+                }
+                let profile = super::creds::aws_profile();
+                let region = config.region.clone().or_else(|| std::env::var("AWS_REGION").ok()).or_else(|| std::env::var("AWS_DEFAULT_REGION").ok());
+                let region = region.or_else(|| profile.as_ref().and_then(|p| p.region.clone())).unwrap_or_else(|| "us-east-1".into());
+                b = b.with_region(region);
+                if config.no_sign_request {
+                    b = b.with_skip_signature(true);
+                } else if std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
+                    && let Some(p) = profile.filter(|p| p.access_key_id.is_some())
+                {
+                    b = b.with_access_key_id(p.access_key_id.unwrap_or_default()).with_secret_access_key(p.secret_access_key.unwrap_or_default());
+                    if let Some(t) = p.session_token {
+                        b = b.with_token(t);
+                    }
+                }
+                Arc::new(
+                    b.with_client_options(client_options(config, allow_http))
+                        .with_retry(retry_config(config))
+                        .with_http_connector(CountingConnector::default())
+                        .build()
+                        .map_err(bad)?,
+                )
+            }
+            Scheme::Gs => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(&url.root)
+                    .with_client_options(client_options(config, std::env::var("STORAGE_EMULATOR_HOST").is_ok()))
+                    .with_retry(retry_config(config))
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(bad)?,
+            ),
+            Scheme::Az => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(&url.root)
+                    .with_client_options(client_options(config, true))
+                    .with_retry(retry_config(config))
+                    .with_http_connector(CountingConnector::default())
+                    .build()
+                    .map_err(bad)?,
+            ),
+            Scheme::Http | Scheme::Https => {
+                let scheme = if url.scheme == Scheme::Http { "http" } else { "https" };
+                Arc::new(
+                    object_store::http::HttpBuilder::new()
+                        .with_url(format!("{scheme}://{}", url.root))
+                        .with_client_options(client_options(config, url.scheme == Scheme::Http))
+                        .with_retry(retry_config(config))
+                        .with_http_connector(CountingConnector::default())
+                        .build()
+                        .map_err(bad)?,
+                )
+            }
+            Scheme::Hf => unreachable!("hf:// is a Hub repository"),
+        };
+        Ok(Bucket { base, scheme: url.scheme, store, listings: Mutex::new(HashMap::new()) })
+    }
+
+    fn map(&self, key: &str, e: object_store::Error) -> RemoteError {
+        let url = self.url(key);
+        match e {
+            object_store::Error::NotFound { .. } => RemoteError::NotFound { url, hint: String::new() },
+            object_store::Error::Precondition { .. } => RemoteError::Changed { url, what: "the ETag no longer matches (412)".into() },
+            object_store::Error::PermissionDenied { .. } => RemoteError::Denied { url, status: 403, hint: self.credentials_hint() },
+            object_store::Error::Unauthenticated { .. } => RemoteError::Denied { url, status: 401, hint: self.credentials_hint() },
+            other => {
+                let text = clip(&other.to_string());
+                if text.contains("Connect") || text.contains("error trying to connect") || text.contains("dns error") {
+                    RemoteError::Unreachable { url, cause: text }
+                } else if text.contains("Content-Range") || text.contains("non-partial") || text.contains("Range") {
+                    RemoteError::BadResponse { url, what: text }
+                } else {
+                    RemoteError::Failed { url, cause: text }
+                }
+            }
+        }
+    }
+
+    fn credentials_hint(&self) -> String {
+        match self.scheme {
+            Scheme::S3 => "check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, instance role) and the bucket policy, or -o no_sign_request for a public bucket".into(),
+            Scheme::Gs => "check GOOGLE_APPLICATION_CREDENTIALS and the bucket's permissions".into(),
+            Scheme::Az => "check AZURE_STORAGE_ACCOUNT_NAME and its key or SAS (AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY)".into(),
+            _ => "the server refused the request".into(),
+        }
+    }
+
+    fn listing(&self, dir: &str) -> Result<Arc<Vec<(String, Kind)>>, RemoteError> {
+        if let Some(l) = self.listings.lock().get(dir) {
+            return Ok(l.clone());
+        }
+        if matches!(self.scheme, Scheme::Http | Scheme::Https) {
+            return Err(RemoteError::Unsupported { url: self.url(dir), what: "an http(s) source is a single file (a server cannot be listed)".into() });
+        }
+        let prefix = (!dir.is_empty()).then(|| OsPath::from(dir));
+        let listed = block_on(self.store.list_with_delimiter(prefix.as_ref())).map_err(|e| self.map(dir, e))?;
+        let mut v = Vec::new();
+        for o in listed.objects {
+            let name = o.location.filename().unwrap_or_default().to_string();
+            v.push((name, Kind::File(Meta { size: o.size, pin: Pin { etag: o.e_tag, version: o.version, sha256: None } })));
+        }
+        for p in listed.common_prefixes {
+            v.push((p.filename().unwrap_or_default().to_string(), Kind::Dir));
+        }
+        let v = Arc::new(v);
+        self.listings.lock().insert(dir.to_string(), v.clone());
+        Ok(v)
+    }
+}
+
+/// An error text cut to a readable length (an error body can be anything a server sends).
+fn clip(s: &str) -> String {
+    if s.len() <= 400 {
+        return s.to_string();
+    }
+    let mut end = 400;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+impl Namespace for Bucket {
+    fn url(&self, key: &str) -> String {
+        if key.is_empty() { self.base.clone() } else { format!("{}/{key}", self.base) }
+    }
+
+    fn stat(&self, key: &str) -> Result<Option<Kind>, RemoteError> {
+        if key.is_empty() {
+            return Ok(Some(Kind::Dir));
+        }
+        let (parent, name) = key.rsplit_once('/').unwrap_or(("", key));
+        if let Some(l) = self.listings.lock().get(parent) {
+            return Ok(l.iter().find(|(n, _)| n == name).map(|(_, k)| k.clone()));
+        }
+        match block_on(self.store.head(&OsPath::from(key))) {
+            Ok(o) => Ok(Some(Kind::File(Meta { size: o.size, pin: Pin { etag: o.e_tag, version: o.version, sha256: None } }))),
+            Err(object_store::Error::NotFound { .. }) if !matches!(self.scheme, Scheme::Http | Scheme::Https) => {
+                let l = self.listing(key)?;
+                Ok((!l.is_empty()).then_some(Kind::Dir))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.map(key, e)),
+        }
+    }
+
+    fn list_dir(&self, dir: &str) -> Result<Vec<(String, Kind)>, RemoteError> {
+        Ok(self.listing(dir)?.as_ref().clone())
+    }
+
+    fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+        let end = offset + buf.len() as u64;
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(offset..end)),
+            if_match: meta.pin.etag.clone(),
+            version: meta.pin.version.clone(),
+            ..Default::default()
+        };
+        let path = OsPath::from(key);
+        let started = std::time::Instant::now();
+        let got = block_on(async {
+            let r = self.store.get_opts(&path, options).await?;
+            if r.range != (offset..end) {
+                return Ok(Err(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range)));
+            }
+            if meta.pin.etag.is_some() && r.meta.e_tag.is_some() && r.meta.e_tag != meta.pin.etag {
+                return Ok(Err(format!("ETag {:?} where {:?} was pinned", r.meta.e_tag, meta.pin.etag)));
+            }
+            let mut stream = r.into_stream();
+            let mut filled = 0usize;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                if filled + chunk.len() > buf.len() {
+                    return Ok(Err(format!("the body is longer than the {} bytes asked for", buf.len())));
+                }
+                buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
+                filled += chunk.len();
+            }
+            if filled != buf.len() {
+                return Ok(Err(format!("the body ended after {filled} of {} bytes", buf.len())));
+            }
+            Ok::<_, object_store::Error>(Ok(()))
+        });
+        match got {
+            Ok(Ok(())) => {
+                stats::note_bytes(buf.len() as u64, started.elapsed());
+                Ok(())
+            }
+            Ok(Err(what)) => {
+                stats::note_error("bad_response");
+                tracing::warn!("{}: {what}", self.url(key));
+                if what.starts_with("ETag") {
+                    Err(RemoteError::Changed { url: self.url(key), what })
+                } else {
+                    Err(RemoteError::BadResponse { url: self.url(key), what })
+                }
+            }
+            Err(e) => {
+                let e = self.map(key, e);
+                stats::note_error(match &e {
+                    RemoteError::Changed { .. } => "changed",
+                    RemoteError::BadResponse { .. } => "bad_response",
+                    RemoteError::Unreachable { .. } => "unreachable",
+                    RemoteError::Denied { .. } => "denied",
+                    RemoteError::NotFound { .. } => "not_found",
+                    _ => "failed",
+                });
+                tracing::warn!("read of {} bytes at {offset} failed: {e}", buf.len());
+                Err(e)
+            }
+        }
+    }
+}
