@@ -9,18 +9,20 @@ Subcommands (each also takes --parent-pid PID and --exit-on-stdin-eof; all bind 
          `python3 -m moto.server -p PORT`), a bucket, and uploads through the S3 API (boto3):
            python3 tools/remote/servers.py s3 --port 0 --bucket models --upload DIR_OR_FILE[=PREFIX] ...
                [--multipart-threshold BYTES (default 8 MiB)] [--part-size BYTES (default 5 MiB, moto's minimum)]
-               [--checksum-sha256] [--versioning] [--auth]
+               [--checksum-sha256] [--versioning] [--auth] [--public]
          prints {"s3": "http://127.0.0.1:P", "endpoint": same, "bucket", "region": "us-east-1",
                  "access_key_id", "secret_access_key", "objects": {key: {"size", "etag", "multipart",
                  "version_id"?, "checksum_sha256"?}}}
          Files at least --multipart-threshold big go up as a multipart upload (ETag `"<md5 of part md5s>-N"`),
-         the others with one PutObject (ETag `"<md5>"`). --checksum-sha256 asks for SHA256 checksums (single-
-         part objects then carry a full-object `x-amz-checksum-sha256`, read it with HEAD + `x-amz-checksum-
-         mode: ENABLED`; multipart ones carry a composite `...-N` checksum). --versioning turns bucket
+         the others with one PutObject (ETag `"<md5>"`). --checksum-sha256 asks for SHA256 checksums on the single-part
+         uploads (they then carry a full-object `x-amz-checksum-sha256`: HEAD/GET with `x-amz-checksum-mode:
+         ENABLED`); multipart uploads go without one (see `upload`: moto's composite checksum looks like a
+         full-object one). --versioning turns bucket
          versioning on (objects get a version id). Without --auth moto accepts any credentials (the printed
          ones are "testing"); with --auth moto checks SigV4 signatures and keys: the printed keys belong to an
          IAM user allowed everything, and any other key is refused (403 InvalidAccessKeyId / SignatureDoesNot
-         Match): the bad-credentials tests.
+         Match): the bad-credentials tests. Unsigned requests are refused (403) unless --public (a bucket
+         policy allowing anonymous GetObject and ListBucket: the `no_sign_request` tests).
          moto GETs honour Range (206, 416) and If-Match (412); it copies the whole object per GET, so it is for
          correctness, not speed.
 
@@ -124,7 +126,10 @@ def s3_client(endpoint, key_id="testing", secret="testing", region="us-east-1"):
 def upload(s3, bucket, local, key, multipart_threshold=8 * MIB, part_size=5 * MIB, checksum_sha256=False):
     """Upload one file, single-part or multipart by size; returns the object's description."""
     size = os.path.getsize(local)
-    extra = {"ChecksumAlgorithm": "SHA256"} if checksum_sha256 else {}
+    # SHA256 on single-part uploads only: a multipart SHA256 checksum is a composite (checksum of the part
+    # checksums), and moto states it without the "-N" suffix and without x-amz-checksum-type, so it would pass
+    # for a full-object sha256. (S3 has FULL_OBJECT multipart checksums for the CRCs only.)
+    extra = {"ChecksumAlgorithm": "SHA256"} if checksum_sha256 and size < multipart_threshold else {}
     if size < multipart_threshold:
         with open(local, "rb") as f:
             r = s3.put_object(Bucket=bucket, Key=key, Body=f.read(), **extra)
@@ -167,6 +172,10 @@ def start_moto(port=0, auth=False):
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     from moto.server import ThreadedMotoServer
 
+    if not os.environ.get("XPACKFS_SERVER_VERBOSE"):
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     srv.start()
     host, p = srv.get_host_and_port()
@@ -189,6 +198,12 @@ def cmd_s3(args):
     srv, endpoint, (kid, secret) = start_moto(args.port, args.auth)
     s3 = s3_client(endpoint, kid, secret)
     s3.create_bucket(Bucket=args.bucket)
+    if args.public:  # anonymous (unsigned) reads allowed: the no_sign_request tests
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": "*",
+                                                          "Action": ["s3:GetObject", "s3:ListBucket"],
+                                                          "Resource": ["arn:aws:s3:::%s" % args.bucket,
+                                                                       "arn:aws:s3:::%s/*" % args.bucket]}]}
+        s3.put_bucket_policy(Bucket=args.bucket, Policy=json.dumps(policy))
     if args.versioning:
         s3.put_bucket_versioning(Bucket=args.bucket, VersioningConfiguration={"Status": "Enabled"})
     objects = {}
@@ -359,6 +374,7 @@ def main():
     s.add_argument("--checksum-sha256", action="store_true")
     s.add_argument("--versioning", action="store_true")
     s.add_argument("--auth", action="store_true", help="moto checks signatures and keys (bad-credentials tests)")
+    s.add_argument("--public", action="store_true", help="a bucket policy lets anonymous requests GET and list")
     _common.add_lifetime_args(s)
 
     s = sub.add_parser("s3-put", help="upload/replace one object in a running S3 server")
