@@ -41,16 +41,30 @@ Subcommands (each also takes --parent-pid PID and --exit-on-stdin-eof; all bind 
 
   azurite / gcs   see the notes at the end of this docstring (what starts here and how to load it).
 
-Notes on Azure and GCS emulators (tried on this machine; see `servers.py azurite --help`, `gcs --help`):
-- Azurite (npm `azurite`; `npm install -g azurite`):
-    azurite-blob --blobHost 127.0.0.1 --blobPort P --location DIR --skipApiVersionCheck --loose --silent
-  Endpoint http://127.0.0.1:P/devstoreaccount1, the well-known development account `devstoreaccount1` and
-  key `Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==`. Upload
-  with the Azure SDK (`azure-storage-blob`, connection string below) or raw REST (SharedKey). The `azurite`
-  subcommand starts it (port 0 = pick a free one), creates a container and uploads through the SDK.
-- gcp-storage-emulator (PyPI): `gcp-storage-emulator start --host 127.0.0.1 --port P --in-memory`; clients
-  find it with `STORAGE_EMULATOR_HOST=http://127.0.0.1:P` (google-cloud-storage with
-  `AnonymousCredentials` and any project). The `gcs` subcommand starts it, creates a bucket and uploads.
+Notes on the emulators (tried on this machine, 2 cores; the `azurite` and `gcs` subcommands do all of it):
+- Azurite 3.35.0 (npm `azurite`, `npm install -g azurite`: 374 packages, about 45 s; tools/deps.sh installs
+  it): starts in about 1 s with
+    azurite-blob --blobHost 127.0.0.1 --blobPort P --location DIR --skipApiVersionCheck --loose --silent \
+        --disableTelemetry
+  (without --disableTelemetry it tries to reach its telemetry host and logs a DNS error). Endpoint
+  http://127.0.0.1:P/devstoreaccount1, the well-known development account `devstoreaccount1` and key
+  `Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==` (SharedKey
+  signing, or the connection string printed). Loaded here with the Azure SDK (`azure-storage-blob`). Seen:
+  ranged GETs (x-ms-range / Range) answer 206; If-Match with a wrong ETag answers 412; ETags look like
+  `"0x8DC..."`. `servers.py azurite --port 0 --upload DIR[=PREFIX]` prints {"azure": endpoint, "account",
+  "key", "container", "connection_string", "objects": {name: {"size", "etag"}}}.
+- gcp-storage-emulator 2026.7.19 (PyPI, with google-cloud-storage to upload): `gcp-storage-emulator start
+  --host 127.0.0.1 --port P --in-memory`, up in about 1 s; clients find it by
+  `STORAGE_EMULATOR_HOST=http://127.0.0.1:P` (google-cloud-storage with AnonymousCredentials). Seen: media
+  GETs (`/download/storage/v1/b/B/o/OBJ?alt=media`, `/storage/v1/b/B/o/OBJ?alt=media`, and the XML-style
+  `/B/OBJ`) honour Range (206 + Content-Range) but answer HTTP/1.0 without an ETag, and IGNORE both
+  `ifGenerationMatch` and If-Match (206 with the bytes): the object-replaced-while-mounted test cannot be run
+  against it (use moto or Azurite for that); listing `/storage/v1/b/B/o?prefix=` works. `servers.py gcs
+  --port 0 --upload DIR[=PREFIX]` prints {"gcs": endpoint, "bucket", "objects": {name: {"size", "etag",
+  "generation", "md5", "crc32c"}}}.
+- moto 5.2.1 (S3): answers `Connection: close` (no keep-alive) and echoes the upload's
+  `x-amz-content-sha256` on GETs of single-part objects (not an S3 response header: do not take it as a
+  digest); SigV4 signatures made for a fault_proxy.py address verify through the proxy (checked with --auth).
 """
 
 import argparse
@@ -301,7 +315,7 @@ def cmd_azurite(args):
     if not args.location:
         _common.on_exit(lambda: shutil.rmtree(loc, ignore_errors=True))
     p = child([exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", loc, "--skipApiVersionCheck",
-               "--loose", "--silent"])
+               "--loose", "--silent", "--disableTelemetry"])
     try:
         wait_port(port, 60, p)
         endpoint = "http://127.0.0.1:%d/%s" % (port, AZURITE_ACCOUNT)
