@@ -10,6 +10,7 @@ sub-directory), starts the stand-in with a required token and a second, gated re
 - no token / a wrong token / a gated repo / a missing file / a missing revision raise the client's errors;
 - a push (`POST /_control/push`): main moves, the old commit still downloads the old bytes;
 - an expired presigned URL answers 403 (`POST /_control/expire`), a fresh resolve works again;
+- the CDN behind tools/remote/fault_proxy.py (`POST /_control/cdn-base`): reads go through the proxy;
 - the stand-in's log: ranged CDN reads happened and no Authorization header ever reached the CDN.
 All bytes are compared with the local files. Prints one line per check and exits non-zero on any failure.
 
@@ -24,6 +25,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import urllib.request
 
@@ -100,7 +102,7 @@ def main():
             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "10",
         })
         os.environ.pop("HF_HUB_OFFLINE", None)
-        run_checks(tmp, repo_dir, hub, commit0)
+        run_checks(tmp, repo_dir, hub, cdn, commit0)
     finally:
         proc.terminate()
         proc.wait(5)
@@ -115,7 +117,7 @@ def control(hub, what, method="GET"):
         return json.loads(r.read())
 
 
-def run_checks(tmp, repo_dir, hub, commit0):
+def run_checks(tmp, repo_dir, hub, cdn, commit0):
     import huggingface_hub
     from huggingface_hub import HfApi, HfFileSystem, hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
@@ -255,6 +257,29 @@ def run_checks(tmp, repo_dir, hub, commit0):
         p = hf_hub_download(REPO, "model-Q4_K.gguf", cache_dir=fresh_cache())
         assert open(p, "rb").read() == local_bytes(repo_dir, "model-Q4_K.gguf")
 
+    def cdn_behind_proxy():
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fault_proxy.py"), "--upstream", cdn, "--port", "0",
+                                 "--log", os.path.join(tmp, "cdn-proxy.jsonl")], stdout=subprocess.PIPE, text=True)
+        try:
+            proxy = json.loads(proc.stdout.readline())["proxy"]
+            control(hub, "cdn-base?url=" + proxy, "POST")
+            fs = HfFileSystem(endpoint=hub, token=TOKEN, skip_instance_cache=True)
+            with fs.open("%s/model-Q4_K.gguf" % REPO, "rb", block_size=32 * 1024) as f:
+                f.seek(2_000_000)
+                assert f.read(1000) == local_bytes(repo_dir, "model-Q4_K.gguf")[2_000_000:2_001_000]
+            p = hf_hub_download(REPO, "model.safetensors", cache_dir=fresh_cache())
+            assert open(p, "rb").read() == local_bytes(repo_dir, "model.safetensors")
+            for _ in range(40):  # an entry is written just after its answer ends: give the last one a moment
+                seen = [json.loads(x) for x in open(os.path.join(tmp, "cdn-proxy.jsonl"))]
+                if len(seen) >= 2:
+                    break
+                time.sleep(0.05)
+            assert len(seen) >= 2 and all(e["path"].startswith("/repos/") and e["status"] in (200, 206) for e in seen), seen
+        finally:
+            control(hub, "cdn-base?url=" + cdn, "POST")
+            proc.terminate()
+            proc.wait(5)
+
     def no_auth_on_cdn():
         log = control(hub, "log")
         assert log["authorization_seen_on_cdn"] == 0, log["authorization_seen_on_cdn"]
@@ -276,6 +301,7 @@ def run_checks(tmp, repo_dir, hub, commit0):
     check("missing file / revision / repo -> the client's errors", missing)
     check("push: main moves, the old commit keeps its bytes", push)
     check("expired presigned URL -> 403, resolve again works", expiry)
+    check("CDN behind fault_proxy.py (POST /_control/cdn-base): ranged read and download through it", cdn_behind_proxy)
     check("no Authorization header reached the CDN", no_auth_on_cdn)
 
 

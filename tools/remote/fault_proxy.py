@@ -41,7 +41,8 @@ default 1):
 Limits: --skip-first N (the first N requests are never faulted: e.g. let a mount through), --max-faults N
 (stop faulting after N faults), --fault-path REGEX (only matching paths), --fault-methods (default GET,HEAD).
 
-Log: one JSON line per request to --log FILE (append, flushed): {"n", "t", "method", "path", "range", "fault"
+Log: one JSON line per request to --log FILE (append, flushed; a line is written just after its answer ends,
+so a test that has read the last byte may have to poll a moment for the last line): {"n", "t", "method", "path", "range", "fault"
 ("none", "reset", "503", "500", "cut", "stall", or the mode name), "status", "upstream_status", "bytes", "ms"}.
 Control (on the proxy port, never forwarded): `GET /_proxy/stats` -> {"requests", "faults": {name: n},
 "config"}; `GET /_proxy/log` -> the last 1000 log entries; `POST /_proxy/config?mode=..&p503=..&max_faults=..
