@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check tools/remote/hub_standin.py with the Hub's own client (huggingface_hub, PyPI), end to end.
 
-Makes a temp repo (a small safetensors file, config.json, a GGUF-like binary >= 2 MB, a file in a
+Makes a temp repo (a small safetensors file, LFS by `--lfs-pattern '*.safetensors'` as on the Hub, config.json, a GGUF-like binary >= 2 MB, a file in a
 sub-directory), starts the stand-in with a required token and a second, gated repo, then with
 `HF_ENDPOINT` pointing at it, `HF_HUB_DISABLE_XET=1` and `HF_TOKEN` set:
 - `HfApi().list_repo_tree(recursive=True)` (and a paginated listing): paths, sizes, git oids, lfs sha256;
@@ -89,7 +89,8 @@ def main():
         f.write("{}")
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "hub_standin.py"), "--port", "0", "--repo", "%s=%s" % (REPO, repo_dir),
-         "--repo", "%s=%s" % (GATED, gated_dir), "--gated", GATED, "--token", TOKEN, "--page-size", "2"],
+         "--repo", "%s=%s" % (GATED, gated_dir), "--gated", GATED, "--token", TOKEN, "--page-size", "2",
+         "--lfs-pattern", "*.safetensors"],
         stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
     )
     try:
@@ -140,7 +141,7 @@ def run_checks(tmp, repo_dir, hub, cdn, commit0):
             b = local_bytes(repo_dir, p)
             e = got[p]
             assert e.size == len(b), (p, e.size, len(b))
-            big = len(b) >= 1024
+            big = len(b) >= 1024 or p.endswith(".safetensors")  # --lfs-pattern, as the Hub's .gitattributes
             assert (e.lfs is not None) == big, (p, e.lfs)
             if big:
                 assert e.lfs.sha256 == hashlib.sha256(b).hexdigest(), p
@@ -267,14 +268,15 @@ def run_checks(tmp, repo_dir, hub, cdn, commit0):
             with fs.open("%s/model-Q4_K.gguf" % REPO, "rb", block_size=32 * 1024) as f:
                 f.seek(2_000_000)
                 assert f.read(1000) == local_bytes(repo_dir, "model-Q4_K.gguf")[2_000_000:2_001_000]
-            p = hf_hub_download(REPO, "model.safetensors", cache_dir=fresh_cache())
-            assert open(p, "rb").read() == local_bytes(repo_dir, "model.safetensors")
+            for name in ("model.safetensors", "model-Q4_K.gguf"):
+                p = hf_hub_download(REPO, name, cache_dir=fresh_cache())
+                assert open(p, "rb").read() == local_bytes(repo_dir, name), name
             for _ in range(40):  # an entry is written just after its answer ends: give the last one a moment
                 seen = [json.loads(x) for x in open(os.path.join(tmp, "cdn-proxy.jsonl"))]
-                if len(seen) >= 2:
+                if len(seen) >= 3:
                     break
                 time.sleep(0.05)
-            assert len(seen) >= 2 and all(e["path"].startswith("/repos/") and e["status"] in (200, 206) for e in seen), seen
+            assert len(seen) >= 3 and all(e["path"].startswith("/repos/") and e["status"] in (200, 206) for e in seen), seen
         finally:
             control(hub, "cdn-base?url=" + cdn, "POST")
             proc.terminate()
@@ -290,7 +292,7 @@ def run_checks(tmp, repo_dir, hub, cdn, commit0):
     check("model_info (main, commit sha, files_metadata), file_exists", info)
     check("hf_hub_download regular file at main", download("config.json", "main"))
     check("hf_hub_download regular file at commit sha", download("config.json", commit0))
-    check("hf_hub_download LFS safetensors at main", download("model.safetensors", "main"))
+    check("hf_hub_download small safetensors, LFS by --lfs-pattern, at main", download("model.safetensors", "main"))
     check("hf_hub_download LFS GGUF at main", download("model-Q4_K.gguf", "main"))
     check("hf_hub_download LFS GGUF at commit sha", download("model-Q4_K.gguf", commit0))
     check("hf_hub_download file in a sub-directory", download("sub/notes.txt", None))
