@@ -71,7 +71,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import threading

@@ -68,7 +68,6 @@ Notes on the emulators (tried on this machine, 2 cores; the `azurite` and `gcs` 
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
