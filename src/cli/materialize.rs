@@ -88,6 +88,7 @@ fn recorded_command() -> String {
 
 pub fn run(a: MaterializeArgs) -> i32 {
     super::init_logging(false);
+    a.options.view.remote.apply();
     if let Err(e) = std::fs::create_dir_all(&a.out) {
         eprintln!("xpackfs: {}: {e}", a.out.display());
         return 1;

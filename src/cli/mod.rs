@@ -108,7 +108,8 @@ pub struct AllOptions {
 
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
-    /// GGUF file (or any part of a split set), safetensors checkpoint directory or file, or INT8 tree
+    /// GGUF file (or any part of a split set), safetensors checkpoint directory or file, or INT8
+    /// tree; or a URL of one: s3://BUCKET/KEY or s3://BUCKET/PREFIX/, gs://, az://, https://, hf://ORG/NAME[@REV][/PATH]
     source: PathBuf,
     /// Directory to mount on, or /dev/fd/N
     mountpoint: String,
@@ -144,10 +145,13 @@ struct ValidateArgs {
 
 #[derive(Debug, clap::Args)]
 struct DigestArgs {
+    /// GGUF file (or any part of a split set), safetensors checkpoint, or a URL of one
     source: PathBuf,
     /// Store directory, or 'none'
     #[arg(long, value_name = "DIR")]
     digest_store: Option<String>,
+    #[command(flatten)]
+    remote: crate::source::remote::Options,
 }
 
 const SUBCOMMANDS: &[&str] = &["mount", "materialize", "warm", "validate-int8", "inspect", "digest", "codec", "help"];
@@ -246,6 +250,7 @@ fn validate_int8(a: ValidateArgs) -> i32 {
 
 fn digest(a: DigestArgs) -> i32 {
     init_logging(false);
+    a.remote.apply();
     let store = crate::digest::DigestStore::from_option(a.digest_store.as_deref());
     let result =
         crate::source::Source::open(&a.source).map_err(|e| e.to_string()).and_then(|s| crate::digest::obtain(&s, &store, None).map_err(|e| e.to_string()));

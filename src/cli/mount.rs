@@ -12,7 +12,9 @@ pub fn run(a: MountArgs) -> i32 {
     let MountArgs { source, mountpoint, options } = a;
     // Absolute (the daemon leaves the working directory), symlinks kept: Input::open
     // resolves a checkpoint's and validates an INT8 tree's root as given.
-    let source = match std::fs::metadata(&source).and_then(|_| std::path::absolute(&source)) {
+    options.view.remote.apply();
+    let remote = crate::source::remote::is_remote(&source);
+    let source = match if remote { Ok(source.clone()) } else { std::fs::metadata(&source).and_then(|_| std::path::absolute(&source)) } {
         Ok(p) => p,
         Err(e) => {
             eprintln!("xpackfs: source {}: {e}", source.display());

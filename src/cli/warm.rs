@@ -98,6 +98,7 @@ impl Drop for Bar {
 
 pub fn run(a: WarmArgs) -> i32 {
     super::init_logging(a.options.serve.debug);
+    a.options.view.remote.apply();
     let result = (|| -> Result<bool, String> {
         let opts = &a.options.view;
         let dir = opts.tiers.disk_cache.as_ref().ok_or("warm needs a disk cache: -o disk_cache=DIR")?;

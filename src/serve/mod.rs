@@ -74,8 +74,15 @@ pub fn mount_location(mountpoint: &str, opts: &ServeOptions) -> Result<PathBuf, 
     }
 }
 
-/// Owner, read bits and mtime of the served files come from the source (file or directory).
+/// Owner, read bits and mtime of the served files come from the source (file or directory);
+/// a remote source's files belong to the user who mounted it, readable by all, dated at the
+/// mount.
 pub fn ownership_of(path: &Path) -> std::io::Result<Ownership> {
+    if crate::source::remote::is_remote(path) {
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        return Ok(Ownership { uid, gid, read_bits: 0o444, mtime: std::time::SystemTime::now() });
+    }
     let m = std::fs::metadata(path)?;
     Ok(Ownership { uid: m.uid(), gid: m.gid(), read_bits: (m.mode() & 0o444) as u16, mtime: m.modified().unwrap_or(std::time::UNIX_EPOCH) })
 }

@@ -75,6 +75,8 @@ pub struct ViewOptions {
     #[command(flatten)]
     pub tiers: crate::store::Options,
     #[command(flatten)]
+    pub remote: crate::source::remote::Options,
+    #[command(flatten)]
     pub pack: expert_pack::Options,
     #[command(flatten)]
     pub kimi: kimi_pack::Options,

@@ -72,6 +72,42 @@ impl Default for Config {
     }
 }
 
+/// The command-line options of remote sources (flattened into every command that takes a
+/// source; `-o endpoint=URL,region=R,no_sign_request` in mount form).
+#[derive(Debug, Clone, clap::Args)]
+#[group(id = "remote")]
+pub struct Options {
+    /// S3-compatible endpoint for s3:// sources (default: $AWS_ENDPOINT_URL, else AWS)
+    #[arg(long, value_name = "URL", help_heading = "Remote sources")]
+    pub endpoint: Option<String>,
+    /// Region of s3:// sources (default: $AWS_REGION, the profile's, else us-east-1)
+    #[arg(long, value_name = "REGION", help_heading = "Remote sources")]
+    pub region: Option<String>,
+    /// Read s3:// sources without signing (public buckets, no credentials)
+    #[arg(long, help_heading = "Remote sources")]
+    pub no_sign_request: bool,
+    /// Attempts per remote request before the read fails (EIO)
+    #[arg(long, default_value = "10", value_parser = crate::util::args::int_in::<usize>(1, 100), help_heading = "Remote sources")]
+    pub remote_attempts: usize,
+    /// Seconds without a byte after which a remote connection is abandoned and retried
+    #[arg(long, default_value = "30", value_parser = crate::util::args::int_in::<u64>(1, 3600), help_heading = "Remote sources")]
+    pub remote_stall_timeout_s: u64,
+}
+
+impl Options {
+    /// Make these the process's settings ([`configure`]).
+    pub fn apply(&self) {
+        configure(Config {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            no_sign_request: self.no_sign_request,
+            max_attempts: self.remote_attempts,
+            stall_timeout: Duration::from_secs(self.remote_stall_timeout_s),
+            ..Config::default()
+        });
+    }
+}
+
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// Set how remote sources are reached (once, before the first remote path is touched; a
