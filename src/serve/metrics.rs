@@ -71,6 +71,21 @@ pub fn registry(stats: &Stats, tiers: Arc<Tiers>, files: usize, entries: Option<
             ("passthrough_opens", "Opens served by the kernel from a backing file (FUSE passthrough)", C(passthrough.opens.load(Relaxed))),
             ("passthrough_file_entries_pending", "Whole-file entries waiting to be written behind", g(entries.as_ref().map_or(0, |e| e.pending() as u64))),
         ];
+        let remote = crate::source::remote::stats::snapshot();
+        v.push(("remote_requests", "HTTP requests sent to remote sources (retries included)", C(remote.requests)));
+        v.push(("remote_bytes", "Bytes of remote sources delivered to reads", C(remote.bytes)));
+        v.push(("remote_reads", "Remote ranged reads completed", C(remote.reads)));
+        v.push(("remote_request_seconds_sum", "Seconds to the answer's headers, summed over remote requests", G(remote.latency_sum_s as i64)));
+        for (answer, n) in &remote.answers {
+            if let Some(name) = crate::source::remote::stats::answer_metric(answer) {
+                v.push((name, "Remote requests by answer (status class, or a transport error)", C(*n)));
+            }
+        }
+        for (cause, n) in &remote.failures {
+            if let Some(name) = crate::source::remote::stats::failure_metric(cause) {
+                v.push((name, "Remote reads that failed, or requests abandoned and retried, by cause", C(*n)));
+            }
+        }
         if let Some(d) = &tiers.disk {
             v.push(("disk_cache_budget_bytes", "Bound of the disk cache in bytes (disk_cache_gb)", g(d.budget())));
             v.push(("disk_cache_size_bytes", "Bytes of entries in the disk cache directory (shared by every process using it)", g(d.size_bytes())));

@@ -343,6 +343,7 @@ fn stats_content(
                 "file_entries_pending": entries.as_ref().map_or(0, |e| e.pending()),
             },
             "compute": tiers.compute_snapshot(),
+            "remote": crate::source::remote::stats::snapshot(),
         });
         let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
         s.push('\n');

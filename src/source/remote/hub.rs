@@ -44,6 +44,7 @@ pub struct Repo {
     /// Presigned CDN URLs by key, with when to resolve again.
     resolved: Mutex<HashMap<String, (String, Instant)>>,
     attempts: usize,
+    config: Config,
 }
 
 fn unquote(s: &str) -> String {
@@ -122,6 +123,7 @@ impl Repo {
             lfs: Default::default(),
             resolved: Mutex::new(HashMap::new()),
             attempts: config.max_attempts.max(1),
+            config: config.clone(),
         };
         let info = repo.api(&format!("/api/models/{}/revision/{}", repo.repo, encode_path(&rev)), &rev)?;
         repo.commit = info
@@ -361,7 +363,9 @@ impl Namespace for Repo {
             let start = offset + filled as u64;
             let end = offset + buf.len() as u64;
             let started = Instant::now();
+            let deadline = self.config.deadline((end - start).max(1));
             let outcome = block_on(async {
+              let work = async {
                 let client = if to_hub { &self.hub } else { &self.cdn };
                 let mut rb = client.get(&target).header("Range", format!("bytes={start}-{}", end - 1)).header("Accept-Encoding", "identity");
                 if to_hub {
@@ -411,6 +415,8 @@ impl Namespace for Repo {
                         Err(e) => return Attempt::Retry(format!("the body broke off after {filled} of {} bytes: {}", buf.len(), e.without_url())),
                     }
                 }
+              };
+              tokio::time::timeout(deadline, work).await.unwrap_or_else(|_| Attempt::Retry(format!("no complete answer within {deadline:?} (a stalled or trickling server)")))
             });
             match outcome {
                 Attempt::Done => {

@@ -57,6 +57,18 @@ pub struct Config {
     /// No byte for this long abandons a connection (and retries).
     pub stall_timeout: Duration,
     pub connect_timeout: Duration,
+    /// The slowest transfer accepted, bytes per second: a request for `n` bytes is given
+    /// `stall_timeout + n / min_rate` in all before it is abandoned (and retried), so a
+    /// server that trickles bytes cannot hold a read forever, and a large part on a slow
+    /// link is not failed by a fixed whole-request timeout.
+    pub min_rate: u64,
+}
+
+impl Config {
+    /// The time a request for `n` bytes may take in all.
+    pub fn deadline(&self, n: u64) -> Duration {
+        self.stall_timeout + Duration::from_secs_f64(n as f64 / self.min_rate.max(1) as f64)
+    }
 }
 
 impl Default for Config {
@@ -68,6 +80,7 @@ impl Default for Config {
             max_attempts: 10,
             stall_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
+            min_rate: 64 << 10,
         }
     }
 }
@@ -92,6 +105,10 @@ pub struct Options {
     /// Seconds without a byte after which a remote connection is abandoned and retried
     #[arg(long, default_value = "30", value_parser = crate::util::args::int_in::<u64>(1, 3600), help_heading = "Remote sources")]
     pub remote_stall_timeout_s: u64,
+    /// Slowest accepted transfer, KiB/s: a request for N bytes gets the stall timeout plus
+    /// N at this rate in all, then is abandoned and retried
+    #[arg(long, default_value = "64", value_parser = crate::util::args::int_in::<u64>(1, 1 << 30), help_heading = "Remote sources")]
+    pub remote_min_rate_kib: u64,
 }
 
 impl Options {
@@ -103,6 +120,7 @@ impl Options {
             no_sign_request: self.no_sign_request,
             max_attempts: self.remote_attempts,
             stall_timeout: Duration::from_secs(self.remote_stall_timeout_s),
+            min_rate: self.remote_min_rate_kib << 10,
             ..Config::default()
         });
     }
@@ -198,7 +216,8 @@ pub(crate) trait Namespace: Send + Sync + std::fmt::Debug {
     fn stat(&self, key: &str) -> Result<Option<Kind>, RemoteError>;
     /// The entries directly under directory `dir` ("" is the root), names only.
     fn list_dir(&self, dir: &str) -> Result<Vec<(String, Kind)>, RemoteError>;
-    /// Fill `buf` with the object's bytes from `offset`, as pinned by `meta`.
+    /// Fill `buf` with the object's bytes from `offset`, as pinned by `meta`, within
+    /// [`Config::deadline`] per request.
     fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError>;
 }
 

@@ -27,6 +27,7 @@ pub struct Bucket {
     base: String,
     scheme: Scheme,
     store: Arc<dyn ObjectStore>,
+    config: Config,
     /// Directory listings, by directory key ("" is the root).
     listings: Mutex<HashMap<String, Arc<Vec<(String, Kind)>>>>,
 }
@@ -114,7 +115,7 @@ impl Bucket {
             }
             Scheme::Hf => unreachable!("hf:// is a Hub repository"),
         };
-        Ok(Bucket { base, scheme: url.scheme, store, listings: Mutex::new(HashMap::new()) })
+        Ok(Bucket { base, scheme: url.scheme, store, config: config.clone(), listings: Mutex::new(HashMap::new()) })
     }
 
     fn map(&self, key: &str, e: object_store::Error) -> RemoteError {
@@ -217,10 +218,15 @@ impl Namespace for Bucket {
             version: meta.pin.version.clone(),
             ..Default::default()
         };
+        let options = &options;
         let path = OsPath::from(key);
         let started = std::time::Instant::now();
-        let got = block_on(async {
-            let r = self.store.get_opts(&path, options).await?;
+        let deadline = self.config.deadline(buf.len() as u64);
+        let mut attempt = 0u32;
+        let got = loop {
+            attempt += 1;
+            let once = block_on(tokio::time::timeout(deadline, async {
+            let r = self.store.get_opts(&path, options.clone()).await?;
             if r.range != (offset..end) {
                 return Ok(Err(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range)));
             }
@@ -241,7 +247,19 @@ impl Namespace for Bucket {
                 return Ok(Err(format!("the body ended after {filled} of {} bytes", buf.len())));
             }
             Ok::<_, object_store::Error>(Ok(()))
-        });
+        }));
+            match once {
+                Ok(r) => break r,
+                Err(_) if (attempt as usize) < self.config.max_attempts => {
+                    stats::note_error("timeout_retried");
+                    tracing::info!("{}: no complete answer in {deadline:?} (attempt {attempt}): retrying", self.url(key));
+                    std::thread::sleep(super::backoff(attempt));
+                }
+                Err(_) => {
+                    break Ok(Err(format!("no complete answer within {deadline:?} in {attempt} attempts (a stalled or trickling server)")));
+                }
+            }
+        };
         match got {
             Ok(Ok(())) => {
                 stats::note_bytes(buf.len() as u64, started.elapsed());

@@ -67,6 +67,35 @@ pub fn note_error(cause: &'static str) {
     *counters().failures.lock().entry(cause).or_default() += 1;
 }
 
+/// The metric name of an answer class of [`Snapshot::answers`].
+pub fn answer_metric(answer: &str) -> Option<&'static str> {
+    Some(match answer {
+        "2xx" => "remote_answers_2xx",
+        "3xx" => "remote_answers_3xx",
+        "404" => "remote_answers_404",
+        "412" => "remote_answers_412",
+        "4xx" => "remote_answers_4xx",
+        "5xx" => "remote_answers_5xx",
+        "error" => "remote_answers_transport_error",
+        _ => return None,
+    })
+}
+
+/// The metric name of a cause of [`Snapshot::failures`].
+pub fn failure_metric(cause: &str) -> Option<&'static str> {
+    Some(match cause {
+        "bad_response" => "remote_failures_bad_response",
+        "changed" => "remote_failures_changed",
+        "unreachable" => "remote_failures_unreachable",
+        "denied" => "remote_failures_denied",
+        "not_found" => "remote_failures_not_found",
+        "failed" => "remote_failures_failed",
+        "retries_spent" => "remote_failures_retries_spent",
+        "timeout_retried" => "remote_failures_timeout_retried",
+        _ => return None,
+    })
+}
+
 /// The counters now.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Snapshot {

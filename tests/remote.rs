@@ -1,0 +1,380 @@
+//! Remote sources against real protocol servers started here on 127.0.0.1
+//! (`tools/remote/`): moto's S3 server (objects uploaded through the S3 API, single-part
+//! and multipart), a plain HTTP server that honours Range, the Hub stand-in (checked
+//! against huggingface_hub by `tools/remote/check_hub_standin.py`), and a fault-injecting
+//! proxy. Each view of a remote source must equal the same view of the same files on
+//! local disk, through the `xpackfs` binary (one process per command: remote settings are
+//! per process) and through a real FUSE mount.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// A test server (a Python process from tools/remote/), killed when dropped.
+struct Server {
+    child: Child,
+    info: Value,
+}
+
+impl Server {
+    fn start(script: &str, args: &[&str]) -> Server {
+        let mut child = python()
+            .arg(repo().join("tools/remote").join(script))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{script}: {e}"));
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the server never blocks on a full pipe.
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+        });
+        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("{script} did not become ready"));
+        let info: Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{script}: ready line {line:?}: {e}"));
+        Server { child, info }
+    }
+    fn get(&self, k: &str) -> String {
+        self.info[k].as_str().unwrap_or_else(|| panic!("no {k} in {}", self.info)).to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// Run the binary with `env`, returning its output.
+fn xpackfs(env: &[(&str, String)], args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args).env_remove("AWS_PROFILE").env("XPACKFS_DIGEST_STORE", "none");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn s3_env(s3: &Server) -> Vec<(&'static str, String)> {
+    vec![("AWS_ENDPOINT_URL", s3.get("endpoint")), ("AWS_ACCESS_KEY_ID", s3.get("access_key_id")), ("AWS_SECRET_ACCESS_KEY", s3.get("secret_access_key"))]
+}
+
+/// `materialize` of `source` with `opts` into a new directory, which is returned.
+fn materialize(env: &[(&str, String)], source: &str, opts: &[&str]) -> tempfile::TempDir {
+    let out = tmp();
+    let mut args = vec!["materialize", source, "--out", out.path().to_str().unwrap()];
+    args.extend_from_slice(opts);
+    let o = xpackfs(env, &args);
+    assert!(o.status.success(), "materialize {source} {opts:?}: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// JSON with what records where and when a file was made (the command line, the source's
+/// location, times, and the digests of such records) taken out.
+fn normalized(mut v: Value) -> Value {
+    const VOLATILE: [&str; 11] =
+        ["command", "elapsed_s", "started_at", "created_at", "completed_at", "path", "pack_path", "manifest_sha256", "source_path", "location", "generated_at"];
+    match &mut v {
+        Value::Object(m) => {
+            for k in VOLATILE {
+                m.remove(k);
+            }
+            for (_, x) in m.iter_mut() {
+                *x = normalized(x.take());
+            }
+        }
+        Value::Array(a) => {
+            for x in a.iter_mut() {
+                *x = normalized(x.take());
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
+/// Two trees of view files are the same: data files byte for byte, JSON files but for the
+/// records of where and when they were made.
+fn assert_same_views(local: &Path, remote: &Path, what: &str) {
+    let (a, b) = (tree_files(local), tree_files(remote));
+    assert_eq!(a, b, "{what}: file lists");
+    assert!(!a.is_empty(), "{what}: no files");
+    for f in &a {
+        let (x, y) = (std::fs::read(local.join(f)).unwrap(), std::fs::read(remote.join(f)).unwrap());
+        if f.ends_with(".json") {
+            let (x, y): (Value, Value) = (serde_json::from_slice(&x).unwrap(), serde_json::from_slice(&y).unwrap());
+            assert_eq!(normalized(x), normalized(y), "{what}: {f}");
+        } else {
+            assert!(x == y, "{what}: {f} differs ({} vs {} bytes)", x.len(), y.len());
+        }
+    }
+}
+
+/// Fixtures: the sample GGUF, a DeepSeek-V4-style safetensors checkpoint (bf16-cache), a
+/// V4.1 one with 256-wide experts (requant), an HF MoE (kt-int8) and a two-part Kimi GGUF
+/// split set (kimi-pack), in one directory.
+fn fixtures() -> tempfile::TempDir {
+    let d = tmp();
+    let p = d.path();
+    std::fs::create_dir_all(p.join("gguf")).unwrap();
+    std::fs::copy(sample(), p.join("gguf/sample-moe.gguf")).unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(p.join("v4")));
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(p.join("v41")).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/make_hf_moe_fixture.py")).arg(p.join("hf")));
+    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(p.join("kimi")).args(["--layers", "3", "--experts", "4", "--shards", "2"]));
+    d
+}
+
+fn kimi_parts(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir.join("kimi/gguf")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_view_of_an_s3_source_equals_the_same_view_of_the_local_files() {
+    let fx = fixtures();
+    let root = fx.path();
+    let upload = format!("{}=ckpt", root.display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "models", "--upload", &upload]);
+    let env = s3_env(&s3);
+    let local = |p: &str| root.join(p).to_str().unwrap().to_string();
+    let kimi = kimi_parts(root);
+    let (cfg, tok) = (format!("--model-config={}", local("kimi/config.json")), format!("--tokenizer-dir={}", local("kimi/tokenizer")));
+    let cases: Vec<(&str, String, String, Vec<&str>)> = vec![
+        ("expert-pack of a GGUF", local("gguf/sample-moe.gguf"), "s3://models/ckpt/gguf/sample-moe.gguf".into(), vec![]),
+        ("bf16-cache of a safetensors directory", local("v4"), "s3://models/ckpt/v4/".into(), vec!["--view=bf16-cache"]),
+        ("requant of a safetensors directory", local("v41"), "s3://models/ckpt/v41".into(), vec!["--view=requant"]),
+        ("kt-int8 of an HF MoE", local("hf"), "s3://models/ckpt/hf/".into(), vec!["--view=kt-int8", "--numa-count=2"]),
+        (
+            "kimi-pack of a split set named by its second part",
+            local(&format!("kimi/gguf/{}", kimi[1])),
+            format!("s3://models/ckpt/kimi/gguf/{}", kimi[1]),
+            vec!["--view=kimi-pack", "--model-check=layout", &cfg, &tok],
+        ),
+    ];
+    for (what, l, r, opts) in &cases {
+        let a = materialize(&[], l, opts);
+        let b = materialize(&env, r, opts);
+        assert_same_views(a.path(), b.path(), what);
+    }
+}
+
+#[test]
+fn an_s3_mount_serves_the_local_bytes_and_counts_its_requests() {
+    require_fuse();
+    let fx = tmp();
+    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
+    let upload = format!("{}=m", fx.path().display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload]);
+    let env = s3_env(&s3);
+    let want = materialize(&[], sample().to_str().unwrap(), &[]);
+    let mnt = tmp();
+    let started = Instant::now();
+    let o = xpackfs(&env, &["mount", "s3://b/m/sample-moe.gguf", mnt.path().to_str().unwrap()]);
+    assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    let mount_s = started.elapsed().as_secs_f64();
+    let got = std::fs::read(mnt.path().join("sample-moe.pack"));
+    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
+    umount(mnt.path());
+    assert!(got.unwrap() == std::fs::read(want.path().join("sample-moe.pack")).unwrap(), "the mounted pack differs from the local one");
+    let remote = &stats["remote"];
+    assert!(remote["requests"].as_u64().unwrap_or(0) > 0, "stats.json has no remote requests: {stats}");
+    assert!(remote["bytes"].as_u64().unwrap_or(0) > 0, "{stats}");
+    assert!(mount_s < 30.0, "mount took {mount_s} s");
+}
+
+#[test]
+fn a_multipart_object_and_a_plain_http_server_read_the_same() {
+    // A one-shard checkpoint over moto's 5 MiB minimum part, uploaded in parts (its ETag is
+    // "...-N", not an MD5), and the sample GGUF from a plain HTTP server with Range.
+    let fx = tmp();
+    let big = fx.path().join("big");
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(&big).args(["--layers", "6", "--experts", "24", "--shards", "1"]));
+    let upload = format!("{}=big", big.display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload, "--multipart-threshold", "5242880", "--part-size", "5242880"]);
+    let etag = s3.info["objects"]["big/model-00001-of-00001.safetensors"]["etag"].as_str().unwrap_or_default().to_string();
+    assert!(etag.contains('-'), "not a multipart upload: {}", s3.info);
+    let want = materialize(&[], big.to_str().unwrap(), &["--view=bf16-cache"]);
+    let got = materialize(&s3_env(&s3), "s3://b/big", &["--view=bf16-cache"]);
+    assert_same_views(want.path(), got.path(), "bf16-cache of a multipart object");
+
+    let web = fx.path().join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    std::fs::copy(sample(), web.join("sample-moe.gguf")).unwrap();
+    let http = Server::start("servers.py", &["http", "--port", "0", "--root", web.to_str().unwrap()]);
+    let want = materialize(&[], sample().to_str().unwrap(), &[]);
+    let got = materialize(&[], &format!("{}/sample-moe.gguf", http.get("http")), &[]);
+    assert_same_views(want.path(), got.path(), "expert-pack over http://");
+}
+
+fn hub_fixture() -> (tempfile::TempDir, PathBuf) {
+    let d = tmp();
+    let repo_dir = d.path().join("repo");
+    std::fs::create_dir_all(repo_dir.join("gguf")).unwrap();
+    std::fs::copy(sample(), repo_dir.join("gguf/sample-moe.gguf")).unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(repo_dir.join("v4")));
+    (d, repo_dir)
+}
+
+#[test]
+fn a_hub_repository_reads_at_its_pinned_commit_and_the_token_stays_on_the_hub() {
+    let (_d, repo_dir) = hub_fixture();
+    let spec = format!("org/model={}", repo_dir.display());
+    let hub = Server::start("hub_standin.py", &["--port", "0", "--repo", &spec, "--token", "hf_secret_token_1234", "--expires", "2"]);
+    let commit = hub.info["commits"]["org/model"].as_str().unwrap().to_string();
+    let env = vec![("HF_ENDPOINT", hub.get("hub")), ("HF_TOKEN", "hf_secret_token_1234".to_string()), ("HF_HOME", tmp().path().display().to_string())];
+    let want = materialize(&[], repo_dir.join("gguf/sample-moe.gguf").to_str().unwrap(), &[]);
+    let got = materialize(&env, "hf://org/model/gguf/sample-moe.gguf", &[]);
+    assert_same_views(want.path(), got.path(), "expert-pack of a Hub GGUF");
+    let want = materialize(&[], repo_dir.join("v4").to_str().unwrap(), &["--view=bf16-cache"]);
+    let got = materialize(&env, "hf://org/model/v4", &["--view=bf16-cache"]);
+    assert_same_views(want.path(), got.path(), "bf16-cache of a Hub safetensors directory");
+
+    // A push changes main; the old commit still reads the old bytes.
+    let mut changed = std::fs::read(sample()).unwrap();
+    let n = changed.len();
+    changed[n - 1] ^= 0xff;
+    std::fs::write(repo_dir.join("gguf/sample-moe.gguf"), &changed).unwrap();
+    let c = Command::new("curl").args(["-s", "-X", "POST", &format!("{}/_control/push?repo=org/model", hub.get("hub"))]).output().unwrap();
+    assert!(c.status.success());
+    let pinned = materialize(&env, &format!("hf://org/model@{commit}/gguf/sample-moe.gguf"), &[]);
+    let original = materialize(&[], sample().to_str().unwrap(), &[]);
+    assert_same_views(original.path(), pinned.path(), "the pinned commit after a push");
+
+    // Without the token: refused, naming the repository and what to do; the token never
+    // reached the CDN.
+    let o = xpackfs(&[("HF_ENDPOINT", hub.get("hub")), ("HF_HOME", tmp().path().display().to_string())], &["digest", "hf://org/model/gguf/sample-moe.gguf"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("hf://org/model") && err.contains("HF_TOKEN"), "{err}");
+    let log = Command::new("curl").args(["-s", &format!("{}/_control/log", hub.get("hub"))]).output().unwrap();
+    let log: Value = serde_json::from_slice(&log.stdout).unwrap();
+    assert_eq!(log["authorization_seen_on_cdn"], 0, "{log}");
+    assert!(!err.contains("hf_secret_token_1234"));
+}
+
+#[test]
+fn faults_on_the_way_are_retried_and_every_byte_is_still_right() {
+    let fx = tmp();
+    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
+    let upload = format!("{}=m", fx.path().display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload]);
+    let log = fx.path().join("proxy.log");
+    let proxy = Server::start(
+        "fault_proxy.py",
+        &[
+            "--upstream",
+            &s3.get("endpoint"),
+            "--port",
+            "0",
+            "--seed",
+            "7",
+            "--p503",
+            "0.15",
+            "--p500",
+            "0.1",
+            "--pcut",
+            "0.15",
+            "--pstall",
+            "0.05",
+            "--stall-s",
+            "4",
+            "--log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let mut env = s3_env(&s3);
+    env[0].1 = proxy.get("proxy");
+    let want = materialize(&[], sample().to_str().unwrap(), &["--cache-mb=1"]);
+    let got = materialize(&env, "s3://b/m/sample-moe.gguf", &["--cache-mb=1", "--remote-stall-timeout-s=1"]);
+    assert_same_views(want.path(), got.path(), "through the fault proxy");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut text = String::new();
+    std::fs::File::open(&log).unwrap().read_to_string(&mut text).unwrap();
+    let faults: Vec<&str> = text.lines().filter(|l| !l.contains("\"fault\": null") && l.contains("\"fault\"")).collect();
+    assert!(faults.len() >= 3, "the proxy injected too few faults to test anything: {text}");
+}
+
+#[test]
+fn a_misbehaving_server_never_yields_wrong_bytes_or_a_hung_read() {
+    let fx = tmp();
+    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
+    let http = Server::start("servers.py", &["http", "--port", "0", "--root", fx.path().to_str().unwrap()]);
+    for mode in ["full200", "shifted-range", "short-body", "long-body", "etag-flip", "redirect-loop", "huge-error", "trickle"] {
+        let proxy = Server::start("fault_proxy.py", &["--upstream", &http.get("http"), "--port", "0", "--seed", "1", "--mode", mode]);
+        let started = Instant::now();
+        let out = tmp();
+        let url = format!("{}/sample-moe.gguf", proxy.get("proxy"));
+        let o = xpackfs(
+            &[],
+            &[
+                "materialize",
+                &url,
+                "--out",
+                out.path().to_str().unwrap(),
+                "--remote-attempts=2",
+                "--remote-stall-timeout-s=1",
+                "--remote-min-rate-kib=256",
+            ],
+        );
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(took < Duration::from_secs(90), "{mode}: took {took:?}");
+        if o.status.success() {
+            // Succeeding is right only with the right bytes (e.g. a mode that only touches
+            // some requests, retried).
+            let want = materialize(&[], sample().to_str().unwrap(), &[]);
+            assert_same_views(want.path(), out.path(), mode);
+        } else {
+            assert!(err.contains("sample-moe.gguf"), "{mode}: the error does not name the URL: {err}");
+        }
+    }
+}
+
+#[test]
+fn refusals_at_mount_name_the_url_and_what_to_do() {
+    let fx = tmp();
+    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
+    let upload = format!("{}=m", fx.path().display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload, "--auth"]);
+    let mnt = tmp();
+    let m = mnt.path().to_str().unwrap();
+    let quick = ["--remote-attempts=2"];
+    let mut bad = s3_env(&s3);
+    bad[2].1 = "wrong-secret".into();
+    let cases: Vec<(&str, Vec<(&str, String)>, &str, &str)> = vec![
+        ("bad credentials", bad, "s3://b/m/sample-moe.gguf", "credentials"),
+        ("missing object", s3_env(&s3), "s3://b/m/nothing.gguf", "s3://b/m/nothing.gguf"),
+        ("missing prefix", s3_env(&s3), "s3://b/none/", "s3://b/none"),
+        ("unreachable endpoint", vec![("AWS_ENDPOINT_URL", "http://127.0.0.1:9".into()), ("AWS_ACCESS_KEY_ID", "k".into()), ("AWS_SECRET_ACCESS_KEY", "s".into())], "s3://b/m/sample-moe.gguf", "s3://b/m/sample-moe.gguf"),
+    ];
+    for (what, env, url, needle) in cases {
+        let mut args = vec!["mount", url, m];
+        args.extend_from_slice(&quick);
+        let started = Instant::now();
+        let o = xpackfs(&env, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{what}: mounted");
+        assert!(err.contains(needle), "{what}: {err}");
+        assert!(!err.contains("wrong-secret"), "{what}: the secret is in the message: {err}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{what}: took {:?}", started.elapsed());
+        assert!(mounts_line(mnt.path()).is_none());
+    }
+}
