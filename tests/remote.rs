@@ -89,8 +89,27 @@ fn materialize(env: &[(&str, String)], source: &str, opts: &[&str]) -> tempfile:
 /// JSON with what records where and when a file was made (the command line, the source's
 /// location, times, and the digests of such records) taken out.
 fn normalized(mut v: Value) -> Value {
-    const VOLATILE: [&str; 11] =
-        ["command", "elapsed_s", "started_at", "created_at", "completed_at", "path", "pack_path", "manifest_sha256", "source_path", "location", "generated_at"];
+    const VOLATILE: [&str; 16] = [
+        // (kimi-pack: SGLang's source inventory hashes the shards' paths)
+        "inventory_sha256",
+        "source_dir",
+        "command",
+        "elapsed_s",
+        "started_at",
+        "created_at",
+        "completed_at",
+        "path",
+        "pack_path",
+        "manifest_sha256",
+        "source_path",
+        "location",
+        "generated_at",
+        // The source's identity where it was read (device and inode, or URL and version),
+        // and the fingerprints made of it.
+        "file_identity",
+        "model_name_or_path",
+        "fingerprint",
+    ];
     match &mut v {
         Value::Object(m) => {
             for k in VOLATILE {
@@ -120,7 +139,11 @@ fn assert_same_views(local: &Path, remote: &Path, what: &str) {
         let (x, y) = (std::fs::read(local.join(f)).unwrap(), std::fs::read(remote.join(f)).unwrap());
         if f.ends_with(".json") {
             let (x, y): (Value, Value) = (serde_json::from_slice(&x).unwrap(), serde_json::from_slice(&y).unwrap());
-            assert_eq!(normalized(x), normalized(y), "{what}: {f}");
+            let (x, y) = (serde_json::to_string_pretty(&normalized(x)).unwrap(), serde_json::to_string_pretty(&normalized(y)).unwrap());
+            if let Some((i, (l, r))) = x.lines().zip(y.lines()).enumerate().find(|(_, (l, r))| l != r) {
+                panic!("{what}: {f} differs at line {i}: {l:?} vs {r:?}");
+            }
+            assert_eq!(x.lines().count(), y.lines().count(), "{what}: {f}");
         } else {
             assert!(x == y, "{what}: {f} differs ({} vs {} bytes)", x.len(), y.len());
         }
@@ -183,12 +206,12 @@ fn an_s3_mount_serves_the_local_bytes_and_counts_its_requests() {
     let fx = tmp();
     std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
     let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload]);
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
     let env = s3_env(&s3);
     let want = materialize(&[], sample().to_str().unwrap(), &[]);
     let mnt = tmp();
     let started = Instant::now();
-    let o = xpackfs(&env, &["mount", "s3://b/m/sample-moe.gguf", mnt.path().to_str().unwrap()]);
+    let o = xpackfs(&env, &["mount", "s3://bkt/m/sample-moe.gguf", mnt.path().to_str().unwrap()]);
     assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
     let mount_s = started.elapsed().as_secs_f64();
     let got = std::fs::read(mnt.path().join("sample-moe.pack"));
@@ -209,11 +232,11 @@ fn a_multipart_object_and_a_plain_http_server_read_the_same() {
     let big = fx.path().join("big");
     run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(&big).args(["--layers", "6", "--experts", "24", "--shards", "1"]));
     let upload = format!("{}=big", big.display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload, "--multipart-threshold", "5242880", "--part-size", "5242880"]);
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload, "--multipart-threshold", "5242880", "--part-size", "5242880"]);
     let etag = s3.info["objects"]["big/model-00001-of-00001.safetensors"]["etag"].as_str().unwrap_or_default().to_string();
     assert!(etag.contains('-'), "not a multipart upload: {}", s3.info);
     let want = materialize(&[], big.to_str().unwrap(), &["--view=bf16-cache"]);
-    let got = materialize(&s3_env(&s3), "s3://b/big", &["--view=bf16-cache"]);
+    let got = materialize(&s3_env(&s3), "s3://bkt/big", &["--view=bf16-cache"]);
     assert_same_views(want.path(), got.path(), "bf16-cache of a multipart object");
 
     let web = fx.path().join("web");
@@ -275,7 +298,7 @@ fn faults_on_the_way_are_retried_and_every_byte_is_still_right() {
     let fx = tmp();
     std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
     let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload]);
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
     let log = fx.path().join("proxy.log");
     let proxy = Server::start(
         "fault_proxy.py",
@@ -303,7 +326,7 @@ fn faults_on_the_way_are_retried_and_every_byte_is_still_right() {
     let mut env = s3_env(&s3);
     env[0].1 = proxy.get("proxy");
     let want = materialize(&[], sample().to_str().unwrap(), &["--cache-mb=1"]);
-    let got = materialize(&env, "s3://b/m/sample-moe.gguf", &["--cache-mb=1", "--remote-stall-timeout-s=1"]);
+    let got = materialize(&env, "s3://bkt/m/sample-moe.gguf", &["--cache-mb=1", "--remote-stall-timeout-s=1"]);
     assert_same_views(want.path(), got.path(), "through the fault proxy");
     std::thread::sleep(Duration::from_millis(300));
     let mut text = String::new();
@@ -353,17 +376,17 @@ fn refusals_at_mount_name_the_url_and_what_to_do() {
     let fx = tmp();
     std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
     let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "b", "--upload", &upload, "--auth"]);
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload, "--auth"]);
     let mnt = tmp();
     let m = mnt.path().to_str().unwrap();
     let quick = ["--remote-attempts=2"];
     let mut bad = s3_env(&s3);
     bad[2].1 = "wrong-secret".into();
     let cases: Vec<(&str, Vec<(&str, String)>, &str, &str)> = vec![
-        ("bad credentials", bad, "s3://b/m/sample-moe.gguf", "credentials"),
-        ("missing object", s3_env(&s3), "s3://b/m/nothing.gguf", "s3://b/m/nothing.gguf"),
-        ("missing prefix", s3_env(&s3), "s3://b/none/", "s3://b/none"),
-        ("unreachable endpoint", vec![("AWS_ENDPOINT_URL", "http://127.0.0.1:9".into()), ("AWS_ACCESS_KEY_ID", "k".into()), ("AWS_SECRET_ACCESS_KEY", "s".into())], "s3://b/m/sample-moe.gguf", "s3://b/m/sample-moe.gguf"),
+        ("bad credentials", bad, "s3://bkt/m/sample-moe.gguf", "credentials"),
+        ("missing object", s3_env(&s3), "s3://bkt/m/nothing.gguf", "s3://bkt/m/nothing.gguf"),
+        ("missing prefix", s3_env(&s3), "s3://bkt/none/", "s3://bkt/none"),
+        ("unreachable endpoint", vec![("AWS_ENDPOINT_URL", "http://127.0.0.1:9".into()), ("AWS_ACCESS_KEY_ID", "k".into()), ("AWS_SECRET_ACCESS_KEY", "s".into())], "s3://bkt/m/sample-moe.gguf", "s3://bkt/m/sample-moe.gguf"),
     ];
     for (what, env, url, needle) in cases {
         let mut args = vec!["mount", url, m];

@@ -93,6 +93,15 @@ pub fn check_file(path: &Path) -> Result<(), SourceError> {
     check_regular(path).map(drop)
 }
 
+/// The whole content of a small file (local, regular, or a remote object), refused over
+/// `max` bytes.
+pub fn read_small(path: &Path, max: u64) -> Result<Vec<u8>, SourceError> {
+    if super::remote::is_remote(path) {
+        return Ok(super::remote::read_capped(path, max)?);
+    }
+    fsutil::read_limited(path, max).map_err(|source| SourceError::Io { path: path.to_path_buf(), source })
+}
+
 /// Is there a directory at `path` (local or remote)? Errors count as no.
 pub fn is_dir(path: &Path) -> bool {
     if super::remote::is_remote(path) {

@@ -600,8 +600,7 @@ fn manifest_base(
         shard_records.push(shard_record(f, h.header_len)?);
     }
     let file_sha = |p: &std::path::Path| -> Result<String, ViewError> {
-        let b =
-            crate::fsutil::read_limited(p, 256 << 20).map_err(|e| ViewError::Source(crate::source::SourceError::Io { path: p.to_path_buf(), source: e }))?;
+        let b = crate::source::read_small(p, 256 << 20).map_err(ViewError::Source)?;
         Ok(digest::sha256_hex(&b))
     };
     let identity = json!({"config_sha256": file_sha(config_path)?, "index_sha256": file_sha(index_path)?, "shards": shard_records});

@@ -367,7 +367,7 @@ fn importance_rows(source: &Source, planned: &[Planned], imatrix: Option<&Imatri
 pub fn build(source: &Source, recipe: &Options, ctx: &super::Context) -> Result<Tree, ViewError> {
     let meta = source.safetensors().ok_or_else(|| err("the requantised-shards view needs a safetensors checkpoint"))?;
     let index_path = meta.index_path.as_ref().ok_or_else(|| err("model.safetensors.index.json is missing"))?;
-    let text = crate::fsutil::read_limited(index_path, 256 << 20).map_err(|e| err(format!("{}: {e}", index_path.display())))?;
+    let text = crate::source::read_small(index_path, 256 << 20).map_err(|e| err(e.to_string()))?;
     let index: Value = serde_json::from_slice(&text).map_err(|e| err(format!("{}: {e}", index_path.display())))?;
     let weight_map = index["weight_map"].as_object().ok_or_else(|| err("index has no weight_map"))?;
     let mut planned = plan(source, weight_map, recipe)?;

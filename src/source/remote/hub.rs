@@ -284,7 +284,8 @@ impl Repo {
         }
         let started = Instant::now();
         let url = self.url(key);
-        let r = block_on(self.authorized(self.hub.head(self.resolve_url(key)).header("Accept-Encoding", "identity")).send());
+        let request = self.authorized(self.hub.head(self.resolve_url(key)).header("Accept-Encoding", "identity"));
+        let r = block_on(async move { request.send().await });
         let r = match r {
             Ok(r) => r,
             Err(e) => {

@@ -225,7 +225,7 @@ impl Namespace for Bucket {
         let mut attempt = 0u32;
         let got = loop {
             attempt += 1;
-            let once = block_on(tokio::time::timeout(deadline, async {
+            let once = block_on(async { tokio::time::timeout(deadline, async {
             let r = self.store.get_opts(&path, options.clone()).await?;
             if r.range != (offset..end) {
                 return Ok(Err(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range)));
@@ -247,7 +247,7 @@ impl Namespace for Bucket {
                 return Ok(Err(format!("the body ended after {filled} of {} bytes", buf.len())));
             }
             Ok::<_, object_store::Error>(Ok(()))
-        }));
+        }).await });
             match once {
                 Ok(r) => break r,
                 Err(_) if (attempt as usize) < self.config.max_attempts => {
