@@ -119,9 +119,9 @@ pub fn read_capped(path: &Path, max_bytes: u64, max_values: u64) -> Result<serde
         }
     } else {
         fsutil::read_bounded(path, max_bytes).map_err(|e| match e {
-        fsutil::LimitedError::Regular(e) => JsonError::Source(regular_err(path, e)),
-        fsutil::LimitedError::TooLarge { len, cap } => JsonError::TooLarge { len, cap },
-    })?
+            fsutil::LimitedError::Regular(e) => JsonError::Source(regular_err(path, e)),
+            fsutil::LimitedError::TooLarge { len, cap } => JsonError::TooLarge { len, cap },
+        })?
     };
     std::str::from_utf8(&text).map_err(JsonError::NotUtf8)?;
     check_values(&text, max_values)?;

@@ -89,7 +89,9 @@ pub fn hf_token() -> Option<String> {
     }
     let path = std::env::var_os("HF_TOKEN_PATH").map(PathBuf::from).or_else(|| {
         std::env::var_os("HF_HOME").map(|h| PathBuf::from(h).join("token")).or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface/token")).or_else(|| home().map(|h| h.join(".cache/huggingface/token")))
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(|c| PathBuf::from(c).join("huggingface/token"))
+                .or_else(|| home().map(|h| h.join(".cache/huggingface/token")))
         })
     })?;
     let t = std::fs::read_to_string(path).ok()?;

@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 
 use super::stats;
-use super::{Config, Kind, Meta, Namespace, Pin, RemoteError, RemoteUrl, block_on};
+use super::{Config, Kind, Listing, Meta, Namespace, Pin, RemoteError, RemoteUrl, block_on};
 
 /// Caps on what the Hub's API may send (a server is input too).
 const MAX_API_BODY: usize = 64 << 20;
@@ -38,7 +38,7 @@ pub struct Repo {
     hub: reqwest::Client,
     cdn: reqwest::Client,
     entries: HashMap<String, Kind>,
-    children: HashMap<String, Vec<(String, Kind)>>,
+    children: HashMap<String, Listing>,
     /// Keys of LFS files (read through the CDN).
     lfs: std::collections::HashSet<String>,
     /// Presigned CDN URLs by key, with when to resolve again.
@@ -150,7 +150,11 @@ impl Repo {
         let url = self.base.clone();
         match (status.as_u16(), code) {
             (_, "GatedRepo") => RemoteError::Gated { url },
-            (401, _) if self.token.is_none() => RemoteError::Denied { url, status: 401, hint: "the repository is private or does not exist: set HF_TOKEN (or log in with `hf auth login`)".into() },
+            (401, _) if self.token.is_none() => RemoteError::Denied {
+                url,
+                status: 401,
+                hint: "the repository is private or does not exist: set HF_TOKEN (or log in with `hf auth login`)".into(),
+            },
             (401 | 403, _) => RemoteError::Denied { url, status: status.as_u16(), hint: "the token (HF_TOKEN) has no access to this repository".into() },
             (404, "RevisionNotFound") => RemoteError::NotFound { url, hint: format!(": no revision {rev:?} in the repository") },
             (404, "EntryNotFound") => RemoteError::NotFound { url, hint: String::new() },
@@ -191,7 +195,8 @@ impl Repo {
                 Ok((status, headers, body)) => {
                     stats::note_response(Some(status.as_u16()), started.elapsed());
                     let body = body.map_err(|what| RemoteError::BadResponse { url: self.base.clone(), what })?;
-                    let v = serde_json::from_slice(&body).map_err(|e| RemoteError::BadResponse { url: self.base.clone(), what: format!("the API's answer is not JSON: {e}") })?;
+                    let v = serde_json::from_slice(&body)
+                        .map_err(|e| RemoteError::BadResponse { url: self.base.clone(), what: format!("the API's answer is not JSON: {e}") })?;
                     return Ok((v, next_link(&headers)));
                 }
                 Err(Ok((status, headers))) => {
@@ -305,7 +310,10 @@ impl Repo {
             });
         }
         let h = r.headers();
-        let location = h.get(reqwest::header::LOCATION).and_then(|v| v.to_str().ok()).ok_or_else(|| RemoteError::BadResponse { url: url.clone(), what: "a redirect without a Location".into() })?;
+        let location = h
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| RemoteError::BadResponse { url: url.clone(), what: "a redirect without a Location".into() })?;
         let location = if location.starts_with('/') { format!("{}{location}", self.endpoint) } else { location.to_string() };
         if let (Some(linked), Some(pinned)) = (h.get("x-linked-etag").and_then(|v| v.to_str().ok()), meta.pin.sha256.as_ref())
             && unquote(linked).to_ascii_lowercase() != *pinned
@@ -340,7 +348,7 @@ impl Namespace for Repo {
         Ok(self.entries.get(key).cloned())
     }
 
-    fn list_dir(&self, dir: &str) -> Result<Vec<(String, Kind)>, RemoteError> {
+    fn list_dir(&self, dir: &str) -> Result<Listing, RemoteError> {
         Ok(self.children.get(dir).cloned().unwrap_or_default())
     }
 
@@ -366,58 +374,75 @@ impl Namespace for Repo {
             let started = Instant::now();
             let deadline = self.config.deadline((end - start).max(1));
             let outcome = block_on(async {
-              let work = async {
-                let client = if to_hub { &self.hub } else { &self.cdn };
-                let mut rb = client.get(&target).header("Range", format!("bytes={start}-{}", end - 1)).header("Accept-Encoding", "identity");
-                if to_hub {
-                    rb = self.authorized(rb);
-                }
-                let mut r = match rb.send().await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        stats::note_response(None, started.elapsed());
-                        return Attempt::Retry(format!("request failed: {}", e.without_url()));
+                let work = async {
+                    let client = if to_hub { &self.hub } else { &self.cdn };
+                    let mut rb = client.get(&target).header("Range", format!("bytes={start}-{}", end - 1)).header("Accept-Encoding", "identity");
+                    if to_hub {
+                        rb = self.authorized(rb);
+                    }
+                    let mut r = match rb.send().await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            stats::note_response(None, started.elapsed());
+                            return Attempt::Retry(format!("request failed: {}", e.without_url()));
+                        }
+                    };
+                    stats::note_response(Some(r.status().as_u16()), started.elapsed());
+                    let status = r.status();
+                    match status.as_u16() {
+                        206 => {}
+                        200 => {
+                            return Attempt::Fail(RemoteError::BadResponse {
+                                url: url.clone(),
+                                what: "answered 200 (the whole object) where a range was asked".into(),
+                            });
+                        }
+                        403 if !to_hub => return Attempt::Reresolve("the CDN answered 403 (the presigned URL expired)".into()),
+                        404 => return Attempt::Fail(RemoteError::NotFound { url: url.clone(), hint: String::new() }),
+                        412 => return Attempt::Fail(RemoteError::Changed { url: url.clone(), what: "412".into() }),
+                        416 => {
+                            return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: "416: the server says the range is past the end".into() });
+                        }
+                        429 | 500..=599 => return Attempt::Retry(format!("the server answered {status}")),
+                        300..=399 => {
+                            return Attempt::Fail(RemoteError::BadResponse {
+                                url: url.clone(),
+                                what: format!("answered {status}, a redirect, to a ranged read"),
+                            });
+                        }
+                        _ => return Attempt::Fail(self.refused(status, r.headers(), &self.commit)),
+                    }
+                    let cr = r.headers().get(reqwest::header::CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
+                    let want = format!("bytes {start}-{}/{}", end - 1, meta.size);
+                    if cr != want {
+                        return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: format!("Content-Range {cr:?} where {want:?} was asked") });
+                    }
+                    if let Some(len) = r.content_length()
+                        && len != end - start
+                    {
+                        return Attempt::Fail(RemoteError::BadResponse {
+                            url: url.clone(),
+                            what: format!("Content-Length {len} for a range of {} bytes", end - start),
+                        });
+                    }
+                    loop {
+                        match r.chunk().await {
+                            Ok(Some(c)) => {
+                                if filled + c.len() > buf.len() {
+                                    return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: "the body is longer than the range".into() });
+                                }
+                                buf[filled..filled + c.len()].copy_from_slice(&c);
+                                filled += c.len();
+                            }
+                            Ok(None) if filled == buf.len() => return Attempt::Done,
+                            Ok(None) => return Attempt::Retry(format!("the body ended after {} of {} bytes", filled, buf.len())),
+                            Err(e) => return Attempt::Retry(format!("the body broke off after {filled} of {} bytes: {}", buf.len(), e.without_url())),
+                        }
                     }
                 };
-                stats::note_response(Some(r.status().as_u16()), started.elapsed());
-                let status = r.status();
-                match status.as_u16() {
-                    206 => {}
-                    200 => return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: "answered 200 (the whole object) where a range was asked".into() }),
-                    403 if !to_hub => return Attempt::Reresolve("the CDN answered 403 (the presigned URL expired)".into()),
-                    404 => return Attempt::Fail(RemoteError::NotFound { url: url.clone(), hint: String::new() }),
-                    412 => return Attempt::Fail(RemoteError::Changed { url: url.clone(), what: "412".into() }),
-                    416 => return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: "416: the server says the range is past the end".into() }),
-                    429 | 500..=599 => return Attempt::Retry(format!("the server answered {status}")),
-                    300..=399 => return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: format!("answered {status}, a redirect, to a ranged read") }),
-                    _ => return Attempt::Fail(self.refused(status, r.headers(), &self.commit)),
-                }
-                let cr = r.headers().get(reqwest::header::CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
-                let want = format!("bytes {start}-{}/{}", end - 1, meta.size);
-                if cr != want {
-                    return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: format!("Content-Range {cr:?} where {want:?} was asked") });
-                }
-                if let Some(len) = r.content_length()
-                    && len != end - start
-                {
-                    return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: format!("Content-Length {len} for a range of {} bytes", end - start) });
-                }
-                loop {
-                    match r.chunk().await {
-                        Ok(Some(c)) => {
-                            if filled + c.len() > buf.len() {
-                                return Attempt::Fail(RemoteError::BadResponse { url: url.clone(), what: "the body is longer than the range".into() });
-                            }
-                            buf[filled..filled + c.len()].copy_from_slice(&c);
-                            filled += c.len();
-                        }
-                        Ok(None) if filled == buf.len() => return Attempt::Done,
-                        Ok(None) => return Attempt::Retry(format!("the body ended after {} of {} bytes", filled, buf.len())),
-                        Err(e) => return Attempt::Retry(format!("the body broke off after {filled} of {} bytes: {}", buf.len(), e.without_url())),
-                    }
-                }
-              };
-              tokio::time::timeout(deadline, work).await.unwrap_or_else(|_| Attempt::Retry(format!("no complete answer within {deadline:?} (a stalled or trickling server)")))
+                tokio::time::timeout(deadline, work)
+                    .await
+                    .unwrap_or_else(|_| Attempt::Retry(format!("no complete answer within {deadline:?} (a stalled or trickling server)")))
             });
             match outcome {
                 Attempt::Done => {
@@ -435,7 +460,12 @@ impl Namespace for Repo {
                     last = why;
                 }
                 Attempt::Retry(why) => {
-                    tracing::info!("{url}: {why} (attempt {attempt} of {}, from {}; going on from byte {})", self.attempts, no_query(&target), offset + filled as u64);
+                    tracing::info!(
+                        "{url}: {why} (attempt {attempt} of {}, from {}; going on from byte {})",
+                        self.attempts,
+                        no_query(&target),
+                        offset + filled as u64
+                    );
                     last = why;
                     std::thread::sleep(super::backoff(attempt));
                 }

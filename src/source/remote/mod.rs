@@ -208,6 +208,9 @@ pub enum Kind {
     Dir,
 }
 
+/// A directory's entries: names and what each is.
+pub type Listing = Vec<(String, Kind)>;
+
 /// One bucket, container, host or Hub repository at a revision.
 pub(crate) trait Namespace: Send + Sync + std::fmt::Debug {
     /// The URL of `key` in this namespace, for messages.
@@ -215,7 +218,7 @@ pub(crate) trait Namespace: Send + Sync + std::fmt::Debug {
     /// What is at `key` ("" is the root), or `None`.
     fn stat(&self, key: &str) -> Result<Option<Kind>, RemoteError>;
     /// The entries directly under directory `dir` ("" is the root), names only.
-    fn list_dir(&self, dir: &str) -> Result<Vec<(String, Kind)>, RemoteError>;
+    fn list_dir(&self, dir: &str) -> Result<Listing, RemoteError>;
     /// Fill `buf` with the object's bytes from `offset`, as pinned by `meta`, within
     /// [`Config::deadline`] per request.
     fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError>;
@@ -258,7 +261,7 @@ pub fn stat(p: &Path) -> Result<Option<Kind>, RemoteError> {
 }
 
 /// The names directly under directory `p`, sorted, with what each is.
-pub fn list_dir(p: &Path) -> Result<Vec<(String, Kind)>, RemoteError> {
+pub fn list_dir(p: &Path) -> Result<Listing, RemoteError> {
     let (url, ns) = resolve(p)?;
     let mut v = ns.list_dir(&url.key)?;
     v.sort_by(|a, b| a.0.cmp(&b.0));

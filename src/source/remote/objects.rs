@@ -19,7 +19,7 @@ use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStore
 use parking_lot::Mutex;
 
 use super::stats::{self, CountingConnector};
-use super::{Config, Kind, Meta, Namespace, Pin, RemoteError, RemoteUrl, Scheme, block_on};
+use super::{Config, Kind, Listing, Meta, Namespace, Pin, RemoteError, RemoteUrl, Scheme, block_on};
 
 #[derive(Debug)]
 pub struct Bucket {
@@ -29,7 +29,7 @@ pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     config: Config,
     /// Directory listings, by directory key ("" is the root).
-    listings: Mutex<HashMap<String, Arc<Vec<(String, Kind)>>>>,
+    listings: Mutex<HashMap<String, Arc<Listing>>>,
 }
 
 fn client_options(config: &Config, allow_http: bool) -> ClientOptions {
@@ -147,7 +147,7 @@ impl Bucket {
         }
     }
 
-    fn listing(&self, dir: &str) -> Result<Arc<Vec<(String, Kind)>>, RemoteError> {
+    fn listing(&self, dir: &str) -> Result<Arc<Listing>, RemoteError> {
         if let Some(l) = self.listings.lock().get(dir) {
             return Ok(l.clone());
         }
@@ -206,7 +206,7 @@ impl Namespace for Bucket {
         }
     }
 
-    fn list_dir(&self, dir: &str) -> Result<Vec<(String, Kind)>, RemoteError> {
+    fn list_dir(&self, dir: &str) -> Result<Listing, RemoteError> {
         Ok(self.listing(dir)?.as_ref().clone())
     }
 
@@ -225,29 +225,32 @@ impl Namespace for Bucket {
         let mut attempt = 0u32;
         let got = loop {
             attempt += 1;
-            let once = block_on(async { tokio::time::timeout(deadline, async {
-            let r = self.store.get_opts(&path, options.clone()).await?;
-            if r.range != (offset..end) {
-                return Ok(Err(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range)));
-            }
-            if meta.pin.etag.is_some() && r.meta.e_tag.is_some() && r.meta.e_tag != meta.pin.etag {
-                return Ok(Err(format!("ETag {:?} where {:?} was pinned", r.meta.e_tag, meta.pin.etag)));
-            }
-            let mut stream = r.into_stream();
-            let mut filled = 0usize;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                if filled + chunk.len() > buf.len() {
-                    return Ok(Err(format!("the body is longer than the {} bytes asked for", buf.len())));
-                }
-                buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
-                filled += chunk.len();
-            }
-            if filled != buf.len() {
-                return Ok(Err(format!("the body ended after {filled} of {} bytes", buf.len())));
-            }
-            Ok::<_, object_store::Error>(Ok(()))
-        }).await });
+            let once = block_on(async {
+                tokio::time::timeout(deadline, async {
+                    let r = self.store.get_opts(&path, options.clone()).await?;
+                    if r.range != (offset..end) {
+                        return Ok(Err(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range)));
+                    }
+                    if meta.pin.etag.is_some() && r.meta.e_tag.is_some() && r.meta.e_tag != meta.pin.etag {
+                        return Ok(Err(format!("ETag {:?} where {:?} was pinned", r.meta.e_tag, meta.pin.etag)));
+                    }
+                    let mut stream = r.into_stream();
+                    let mut filled = 0usize;
+                    while let Some(chunk) = stream.next().await {
+                        let chunk = chunk?;
+                        if filled + chunk.len() > buf.len() {
+                            return Ok(Err(format!("the body is longer than the {} bytes asked for", buf.len())));
+                        }
+                        buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
+                        filled += chunk.len();
+                    }
+                    if filled != buf.len() {
+                        return Ok(Err(format!("the body ended after {filled} of {} bytes", buf.len())));
+                    }
+                    Ok::<_, object_store::Error>(Ok(()))
+                })
+                .await
+            });
             match once {
                 Ok(r) => break r,
                 Err(_) if (attempt as usize) < self.config.max_attempts => {
