@@ -72,11 +72,15 @@ fn fstab_and_mount_unit_examples_use_the_helper_type() {
     let unit = std::fs::read_to_string(repo().join("systemd/mnt-deepseek\\x2dv4\\x2dflash.mount")).unwrap();
     assert_eq!(unit_value(&unit, "Type"), "fuse.xpackfs");
     xpackfs::cli::check_mount_options(&unit_value(&unit, "Options")).unwrap();
-    for name in ["example.env", "example-requant.env"] {
+    for name in ["example.env", "example-requant.env", "example-s3.env"] {
         let env = std::fs::read_to_string(repo().join("systemd").join(name)).unwrap();
         let o = env.lines().find_map(|l| l.strip_prefix("XPACKFS_OPTIONS=")).unwrap();
         xpackfs::cli::check_mount_options(o).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(o.contains("disk_cache=/var/cache/xpackfs"), "{name}: the examples keep computed chunks in the unit's CacheDirectory");
     }
     assert_eq!(unit_value(&std::fs::read_to_string(repo().join("systemd/xpackfs@.service")).unwrap(), "CacheDirectory"), "xpackfs");
+    // The README's fstab line for a remote source.
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let line = readme.lines().find(|l| l.starts_with("s3://") && l.contains("fuse.xpackfs")).expect("the README's fstab line for s3://");
+    xpackfs::cli::check_mount_options(line.split_whitespace().nth(3).unwrap()).unwrap();
 }
