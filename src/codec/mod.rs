@@ -163,7 +163,13 @@ pub fn quantize_rows_at(
             (QuantType::Q2K, Some(w)) => simd::q2_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
             (QuantType::Iq2Xxs, Some(w)) => simd::iq2_xxs::quantize(level, src, n_per_row, w, dst),
             (QuantType::Iq2Xxs, None) => None,
-            (QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K, _) => None,
+            (QuantType::Q4K, None) => simd::q4_k::quantize_q4_ref(level, src, dst).map(Ok),
+            (QuantType::Q4K, Some(w)) => simd::q4_k::quantize_q4_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q5K, None) => simd::q4_k::quantize_q5_ref(level, src, dst).map(Ok),
+            (QuantType::Q5K, Some(w)) => simd::q4_k::quantize_q5_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q6K, None) => simd::q6_k::quantize_ref(level, src, dst).map(Ok),
+            (QuantType::Q6K, Some(w)) => simd::q6_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q3K, _) => None,
         };
         if let Some(r) = done {
             return r;
