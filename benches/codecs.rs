@@ -128,13 +128,21 @@ fn main() {
     table.header("quantisers", "million weights/s", "ggml");
     // (label, type, the ggml symbol, importance)
     type Case<'a> = (&'a str, QuantType, &'a [u8], Option<&'a [f32]>);
-    let cases: [Case; 6] = [
+    let cases: [Case; 14] = [
         ("Q8_0", QuantType::Q8_0, b"quantize_q8_0", None),
         ("Q2_K (reference path)", QuantType::Q2K, b"quantize_q2_K", None),
         ("Q2_K (unit importance)", QuantType::Q2K, b"quantize_q2_K", Some(&unit)),
         ("Q2_K (imatrix)", QuantType::Q2K, b"quantize_q2_K", Some(&imat)),
         ("IQ2_XXS (unit)", QuantType::Iq2Xxs, b"quantize_iq2_xxs", Some(&unit)),
         ("IQ2_XXS (imatrix)", QuantType::Iq2Xxs, b"quantize_iq2_xxs", Some(&imat)),
+        ("Q3_K (reference path)", QuantType::Q3K, b"quantize_q3_K", None),
+        ("Q3_K (imatrix)", QuantType::Q3K, b"quantize_q3_K", Some(&imat)),
+        ("Q4_K (reference path)", QuantType::Q4K, b"quantize_q4_K", None),
+        ("Q4_K (imatrix)", QuantType::Q4K, b"quantize_q4_K", Some(&imat)),
+        ("Q5_K (reference path)", QuantType::Q5K, b"quantize_q5_K", None),
+        ("Q5_K (imatrix)", QuantType::Q5K, b"quantize_q5_K", Some(&imat)),
+        ("Q6_K (reference path)", QuantType::Q6K, b"quantize_q6_K", None),
+        ("Q6_K (imatrix)", QuantType::Q6K, b"quantize_q6_K", Some(&imat)),
     ];
     for (name, ty, sym, imp) in cases {
         let g = ty.ggml();
