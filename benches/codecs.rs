@@ -3,6 +3,8 @@
 //!
 //!     XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) flock /tmp/xpackfs-bench.lock cargo bench --bench codecs
 //!
+//! `XPACKFS_BENCH_ONLY=Q6_K` times only the quantisers whose label contains it.
+//!
 //! Loads libggml-base.so (XPACKFS_GGML_LIB) with dlopen. Each repetition times every
 //! variant once in turn (ggml 1 thread, each level 1 thread, ggml all cores, each level
 //! all cores: ggml's row functions run under the same rayon split as xpackfs's), and the
@@ -144,7 +146,12 @@ fn main() {
         ("Q6_K (reference path)", QuantType::Q6K, b"quantize_q6_K", None),
         ("Q6_K (imatrix)", QuantType::Q6K, b"quantize_q6_K", Some(&imat)),
     ];
+    // XPACKFS_BENCH_ONLY=Q4_K: only the quantisers whose label contains it (and no decoders).
+    let only = std::env::var("XPACKFS_BENCH_ONLY").ok();
     for (name, ty, sym, imp) in cases {
+        if only.as_deref().is_some_and(|o| !name.contains(o)) {
+            continue;
+        }
         let g = ty.ggml();
         let row_bytes = k / g.block_size as usize * g.type_size as usize;
         // SAFETY: the symbol has this C signature in ggml-quants.h.
@@ -179,6 +186,9 @@ fn main() {
         }
     }
 
+    if only.is_some() {
+        return;
+    }
     // Decoders on 64 rows (1 MiB of f32 out, cache-resident: the codec's speed, not the
     // memory system's), many more repetitions since each run is short.
     let (n, reps) = if full { (64, 41) } else { (n, reps) };

@@ -84,7 +84,14 @@ fn blocks<S: Simd>(s: S, x: &[f32], qw: Option<(&[f32], usize)>, y: &mut [u8]) {
         for first in (0..16).step_by(S::LANES) {
             let xs = gather_subblocks::<S, 16>(s, &xb[16 * first..], &starts);
             let ws = match qw {
-                None => xs.map(|v| s.mul(v, v)),
+                None => {
+                    // A loop, not `xs.map(..)`: a closure would not inherit the target features.
+                    let mut w = xs;
+                    for v in &mut w {
+                        *v = s.mul(*v, *v);
+                    }
+                    w
+                }
                 Some((q, bpr)) => gather_subblocks::<S, 16>(s, &q[QK_K * (b % bpr) + 16 * first..QK_K * (b % bpr + 1)], &starts),
             };
             let (scale, l) = make_qx_lanes(s, 32, &xs, &ws);
