@@ -169,7 +169,8 @@ pub fn quantize_rows_at(
             (QuantType::Q5K, Some(w)) => simd::q4_k::quantize_q5_impl(level, src, n_per_row, w, dst).map(Ok),
             (QuantType::Q6K, None) => simd::q6_k::quantize_ref(level, src, dst).map(Ok),
             (QuantType::Q6K, Some(w)) => simd::q6_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
-            (QuantType::Q3K, _) => None,
+            (QuantType::Q3K, None) => simd::q3_k::quantize_ref(level, src, dst).map(Ok),
+            (QuantType::Q3K, Some(w)) => simd::q3_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
         };
         if let Some(r) = done {
             return r;

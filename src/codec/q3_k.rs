@@ -14,7 +14,7 @@ pub const BYTES: usize = 110;
 
 /// Level `l` (0..64) of sub-block `j` into the 12 scale bytes (zeroed first).
 #[inline(always)]
-fn put_scale(sc: &mut [u8], j: usize, l: u8) {
+pub(crate) fn put_scale(sc: &mut [u8], j: usize, l: u8) {
     if j < 8 {
         sc[j] = l & 0xF;
     } else {

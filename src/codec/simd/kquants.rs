@@ -4,7 +4,7 @@
 //! masks.
 
 use super::x86::{Simd, iclamp, nearest_int};
-use crate::codec::kquants::GROUP_MAX_EPS;
+use crate::codec::kquants::{GROUP_MAX_EPS, QK_K};
 
 /// `N` values of every lane's sub-block: lane k's element i is `base[start[k] + i]`.
 ///
@@ -164,5 +164,85 @@ pub(crate) fn make_qx_lanes<S: Simd, const N: usize>(s: S, nmax: i32, x: &[S::F;
     for li in &mut l {
         *li = s.iselect(flat, zi, *li);
     }
+    (s.select(flat, zero, scale), l)
+}
+
+/// `sum(x * x)` of each block, sequential within a block (lane = block).
+#[inline(always)]
+pub(crate) fn block_sumsq<S: Simd>(s: S, x: &[f32]) -> Vec<f32> {
+    let nb = x.len() / QK_K;
+    let mut out = vec![0.0f32; nb.div_ceil(S::LANES) * S::LANES];
+    for b0 in (0..nb).step_by(S::LANES) {
+        let starts: [i32; 16] = std::array::from_fn(|k| (QK_K * (b0 + k).min(nb - 1)) as i32);
+        let mut acc = s.splat(0.0);
+        for c in (0..QK_K).step_by(32) {
+            let v = gather_subblocks::<S, 32>(s, &x[c..], &starts);
+            for v in v {
+                acc = s.add(acc, s.mul(v, v));
+            }
+        }
+        s.store(acc, &mut out[b0..]);
+    }
+    out
+}
+
+/// `make_q3_quants::<N>(nmax, x, L, true)` for `LANES` sub-blocks at once (element i of
+/// every sub-block in `x[i]`): the refinement loop runs while any lane still changes, a
+/// lane that made no change in a round being done (the reference's `break`). Returns
+/// (scale, levels `0..2 * nmax`, or all 0 for a group below `GROUP_MAX_EPS`).
+#[inline(always)]
+pub(crate) fn make_q3_lanes<S: Simd, const N: usize>(s: S, nmax: i32, x: &[S::F; N]) -> (S::F, [S::I; N]) {
+    let zero = s.splat(0.0);
+    let mut max = zero;
+    let mut amax = zero;
+    for v in x {
+        let ax = s.abs(*v);
+        let gt = s.gt(ax, amax);
+        amax = s.select(gt, ax, amax);
+        max = s.select(gt, *v, max);
+    }
+    let flat = s.lt(amax, s.splat(GROUP_MAX_EPS));
+    let iscale = s.div(s.splat(-(nmax as f32)), max);
+    let mut wx = [zero; N];
+    let mut w = [zero; N];
+    let mut l = [s.isplat(0); N];
+    let (mut sumlx, mut suml2) = (zero, zero);
+    for i in 0..N {
+        w[i] = s.mul(x[i], x[i]);
+        wx[i] = s.mul(w[i], x[i]);
+        l[i] = iclamp(s, nearest_int(s, s.mul(iscale, x[i])), -nmax, nmax - 1);
+        let lf = s.cvt(l[i]);
+        sumlx = s.add(sumlx, s.mul(wx[i], lf));
+        suml2 = s.add(suml2, s.mul(s.mul(w[i], lf), lf));
+    }
+    let mut active = s.mnot(flat);
+    for _ in 0..5 {
+        if !s.any(active) {
+            break;
+        }
+        let mut changed = s.lt(zero, zero);
+        for i in 0..N {
+            let li = s.cvt(l[i]);
+            let slx = s.sub(sumlx, s.mul(wx[i], li));
+            let sl2 = s.sub(suml2, s.mul(s.mul(w[i], li), li));
+            let new_l = iclamp(s, nearest_int(s, s.div(s.mul(x[i], sl2), slx)), -nmax, nmax - 1);
+            let nf = s.cvt(new_l);
+            let slx2 = s.add(slx, s.mul(wx[i], nf));
+            let sl22 = s.add(sl2, s.mul(s.mul(w[i], nf), nf));
+            let better = s.mand(s.gt(sl22, zero), s.gt(s.mul(s.mul(slx2, slx2), suml2), s.mul(s.mul(sumlx, sumlx), sl22)));
+            let upd = s.mand(s.mand(active, s.gt(slx, zero)), s.mandnot(better, s.ieq(new_l, l[i])));
+            l[i] = s.iselect(upd, new_l, l[i]);
+            sumlx = s.select(upd, slx2, sumlx);
+            suml2 = s.select(upd, sl22, suml2);
+            changed = s.mor(changed, upd);
+        }
+        active = s.mand(active, changed);
+    }
+    let nmaxi = s.isplat(nmax);
+    let zi = s.isplat(0);
+    for li in &mut l {
+        *li = s.iselect(flat, zi, s.iadd(*li, nmaxi));
+    }
+    let scale = s.select(s.gt(suml2, zero), s.div(sumlx, suml2), zero);
     (s.select(flat, zero, scale), l)
 }

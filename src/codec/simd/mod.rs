@@ -28,6 +28,8 @@ pub(crate) mod kt_int8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q2_k;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod q3_k;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod q4_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q6_k;

@@ -10,7 +10,7 @@
 //! quantisation (`make_qp_quants` on the importance paths) is the scalar code; the
 //! requantisation and the packing run with lanes = consecutive values.
 
-use super::kquants::{gather_subblocks, make_qkx_lanes};
+use super::kquants::{block_sumsq, gather_subblocks, make_qkx_lanes};
 use super::x86::{Simd, iclamp, nearest_int, simd_entry};
 use crate::codec::fp16_to_f32;
 use crate::codec::kquants::{QK_K, get_scale_min_k4, scale_min_impl_scales, scale_min_ref_scales};
@@ -28,25 +28,6 @@ struct Kind {
 
 const Q4: Kind = Kind { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, bytes: crate::codec::q4_k::BYTES };
 const Q5: Kind = Kind { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, bytes: crate::codec::q5_k::BYTES };
-
-/// `sum(x * x)` of each block, sequential within a block (lane = block).
-#[inline(always)]
-fn block_sumsq<S: Simd>(s: S, x: &[f32]) -> Vec<f32> {
-    let nb = x.len() / QK_K;
-    let mut out = vec![0.0f32; nb.div_ceil(S::LANES) * S::LANES];
-    for b0 in (0..nb).step_by(S::LANES) {
-        let starts: [i32; 16] = std::array::from_fn(|k| (QK_K * (b0 + k).min(nb - 1)) as i32);
-        let mut acc = s.splat(0.0);
-        for c in (0..QK_K).step_by(32) {
-            let v = gather_subblocks::<S, 32>(s, &x[c..], &starts);
-            for v in v {
-                acc = s.add(acc, s.mul(v, v));
-            }
-        }
-        s.store(acc, &mut out[b0..]);
-    }
-    out
-}
 
 /// Requantisation (`scale_min_requantise`, lanes = values; a sub-block whose scale is 0
 /// keeps its search levels, `lt[i][j]` = level i of sub-block j) and packing of a block.
