@@ -231,6 +231,11 @@ pub(crate) fn make_q3_lanes<S: Simd, const N: usize>(s: S, nmax: i32, x: &[S::F;
             let sl22 = s.add(sl2, s.mul(s.mul(w[i], nf), nf));
             let better = s.mand(s.gt(sl22, zero), s.gt(s.mul(s.mul(slx2, slx2), suml2), s.mul(s.mul(sumlx, sumlx), sl22)));
             let upd = s.mand(s.mand(active, s.gt(slx, zero)), s.mandnot(better, s.ieq(new_l, l[i])));
+            // Mostly no lane changes: the branch keeps the sums' dependency chain off the
+            // common path (the scalar code's own `if` does that for it).
+            if !s.any(upd) {
+                continue;
+            }
             l[i] = s.iselect(upd, new_l, l[i]);
             sumlx = s.select(upd, slx2, sumlx);
             suml2 = s.select(upd, sl22, suml2);
