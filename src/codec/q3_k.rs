@@ -79,8 +79,8 @@ pub(crate) fn ref_scales(scales: &[f32; 16], y: &mut [u8]) {
     sc.fill(0);
     let d = if max_scale != 0.0 {
         let iscale = -32.0f32 / max_scale;
-        for j in 0..16 {
-            let l = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32;
+        for (j, &v) in scales.iter().enumerate() {
+            let l = (nearest_int(iscale * v) as i8).clamp(-32, 31) + 32;
             put_scale(sc, j, l as u8);
         }
         f32_to_fp16(1.0 / iscale)
@@ -96,8 +96,8 @@ pub(crate) fn impl_scales(scales: &[f32; 16], sw: &[f32; 16], y: &mut [u8]) {
     let d_block = make_qx_quants(32, scales, &mut ls, sw);
     let sc = &mut y[96..108];
     sc.fill(0);
-    for j in 0..16 {
-        put_scale(sc, j, ls[j] as u8);
+    for (j, &l) in ls.iter().enumerate() {
+        put_scale(sc, j, l as u8);
     }
     y[108..110].copy_from_slice(&f32_to_fp16(d_block).to_le_bytes());
 }

@@ -132,9 +132,9 @@ fn blocks<S: Simd>(s: S, x: &[f32], qw: Option<(&[f32], usize)>, y: &mut [u8]) {
                 }
             }
         }
-        for t in 0..n {
+        for (t, lt) in lts.iter().enumerate().take(n) {
             let b = b0 + t;
-            finish(s, &x[QK_K * b..QK_K * (b + 1)], &lts[t], &mut y[BYTES * b..BYTES * (b + 1)]);
+            finish(s, &x[QK_K * b..QK_K * (b + 1)], lt, &mut y[BYTES * b..BYTES * (b + 1)]);
         }
     }
 }
