@@ -3,6 +3,8 @@
 //!
 //!     XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) flock /tmp/xpackfs-bench.lock cargo bench --bench codecs
 //!
+//! `XPACKFS_BENCH_ONLY=Q6_K` times only the quantisers whose label contains it.
+//!
 //! Loads libggml-base.so (XPACKFS_GGML_LIB) with dlopen. Each repetition times every
 //! variant once in turn (ggml 1 thread, each level 1 thread, ggml all cores, each level
 //! all cores: ggml's row functions run under the same rayon split as xpackfs's), and the
@@ -128,15 +130,28 @@ fn main() {
     table.header("quantisers", "million weights/s", "ggml");
     // (label, type, the ggml symbol, importance)
     type Case<'a> = (&'a str, QuantType, &'a [u8], Option<&'a [f32]>);
-    let cases: [Case; 6] = [
+    let cases: [Case; 14] = [
         ("Q8_0", QuantType::Q8_0, b"quantize_q8_0", None),
         ("Q2_K (reference path)", QuantType::Q2K, b"quantize_q2_K", None),
         ("Q2_K (unit importance)", QuantType::Q2K, b"quantize_q2_K", Some(&unit)),
         ("Q2_K (imatrix)", QuantType::Q2K, b"quantize_q2_K", Some(&imat)),
         ("IQ2_XXS (unit)", QuantType::Iq2Xxs, b"quantize_iq2_xxs", Some(&unit)),
         ("IQ2_XXS (imatrix)", QuantType::Iq2Xxs, b"quantize_iq2_xxs", Some(&imat)),
+        ("Q3_K (reference path)", QuantType::Q3K, b"quantize_q3_K", None),
+        ("Q3_K (imatrix)", QuantType::Q3K, b"quantize_q3_K", Some(&imat)),
+        ("Q4_K (reference path)", QuantType::Q4K, b"quantize_q4_K", None),
+        ("Q4_K (imatrix)", QuantType::Q4K, b"quantize_q4_K", Some(&imat)),
+        ("Q5_K (reference path)", QuantType::Q5K, b"quantize_q5_K", None),
+        ("Q5_K (imatrix)", QuantType::Q5K, b"quantize_q5_K", Some(&imat)),
+        ("Q6_K (reference path)", QuantType::Q6K, b"quantize_q6_K", None),
+        ("Q6_K (imatrix)", QuantType::Q6K, b"quantize_q6_K", Some(&imat)),
     ];
+    // XPACKFS_BENCH_ONLY=Q4_K: only the quantisers whose label contains it (and no decoders).
+    let only = std::env::var("XPACKFS_BENCH_ONLY").ok();
     for (name, ty, sym, imp) in cases {
+        if only.as_deref().is_some_and(|o| !name.contains(o)) {
+            continue;
+        }
         let g = ty.ggml();
         let row_bytes = k / g.block_size as usize * g.type_size as usize;
         // SAFETY: the symbol has this C signature in ggml-quants.h.
@@ -171,6 +186,9 @@ fn main() {
         }
     }
 
+    if only.is_some() {
+        return;
+    }
     // Decoders on 64 rows (1 MiB of f32 out, cache-resident: the codec's speed, not the
     // memory system's), many more repetitions since each run is short.
     let (n, reps) = if full { (64, 41) } else { (n, reps) };

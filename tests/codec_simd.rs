@@ -136,12 +136,41 @@ fn quantisers_equal_scalar_at_every_level() {
     eprintln!("{rows_checked} rows of 256 compared with the scalar path");
 }
 
+/// Q3_K, Q4_K, Q5_K and Q6_K, both paths, as `quantisers_equal_scalar_at_every_level`.
+#[test]
+fn k_quantisers_equal_scalar_at_every_level() {
+    let mut rng = Rng(0x51_7CC1_B727_220A);
+    let adv = adversarial_rows(&mut rng);
+    let mut mixed = Vec::new();
+    for r in 0..adv.len() {
+        for j in 0..16 {
+            mixed.extend_from_slice(&adv[(r + j * 7) % adv.len()].1);
+        }
+    }
+    let random = random_rows(&mut rng, 200);
+    let imp256 = importance(&mut rng, 256);
+    let imp4096 = importance(&mut rng, 4096);
+    for level in levels() {
+        for ty in [QuantType::Q3K, QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
+            for imp in [None, Some(&imp256[..])] {
+                for (name, row) in &adv {
+                    same_quantisation(level, ty, row, 256, imp, name);
+                }
+                same_quantisation(level, ty, &random, 256, imp, "random");
+                same_quantisation(level, ty, &mixed, 4096, imp.map(|_| &imp4096[..]), "mixed rows of 4096");
+                same_quantisation(level, ty, &random[..256 * 3], 256, imp, "three blocks");
+                same_quantisation(level, ty, &random[..256 * 3], 768, imp.map(|_| &imp4096[..768]), "one row of three blocks");
+            }
+        }
+    }
+}
+
 #[test]
 fn parallel_quantiser_equals_serial() {
     let mut rng = Rng(77);
     let x = random_rows(&mut rng, 64);
     let imp = importance(&mut rng, 1024);
-    for ty in [QuantType::Q8_0, QuantType::Q2K, QuantType::Iq2Xxs] {
+    for ty in [QuantType::Q8_0, QuantType::Q2K, QuantType::Iq2Xxs, QuantType::Q3K, QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
         let g = ty.ggml();
         let len = x.len() / g.block_size as usize * g.type_size as usize;
         let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);

@@ -8,7 +8,7 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
     python3 tools/ggml_ref.py golden [--out tests/golden]
         regenerate the golden vectors that `cargo test` checks byte for byte
     python3 tools/ggml_ref.py diff --rows 100000 [--seed 1] [--types q2_k,q2_k_imat,iq2_xxs,q8_0]
-                                  [--levels scalar,avx2,avx512]
+                                  [--levels scalar,avx2,avx512] [--k-rows 20000]
         randomized differential test of `xpackfs codec quantize` against the reference,
         over several distributions (adversarial ones included), at every SIMD level this
         CPU has (XPACKFS_SIMD=level; --levels to choose); prints mismatches and exits 1 if
@@ -17,7 +17,10 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
         decoder throughput, xpackfs vs the numpy peers (gguf.quants.dequantize, the
         fourth seed's MXFP4 formula); quantisers vs ggml are in `cargo bench --bench codecs`
 
-Golden file format (little-endian), tests/golden/{quantize,dequantize}.bin:
+The K-quants (QUANT_K: q3_k, q4_k, q5_k, q6_k and their _imat variants) run --k-rows
+rows each (edge_rows first) and have their golden records in tests/golden/quantize_k.bin.
+
+Golden file format (little-endian), tests/golden/{quantize,dequantize,quantize_k}.bin:
     b"XPG1", u32 record count, then per record:
     str name, str type, u32 n_per_row, u32 rows, u32 has_importance,
     bytes input, [f32 importance x n_per_row], bytes expected
@@ -49,6 +52,19 @@ QUANT = {  # name -> (ggml type, importance kind)
     "iq2_xxs": (T.IQ2_XXS, "imatrix"),
     "iq2_xxs_unit": (T.IQ2_XXS, "unit"),
 }
+# The K-quants Q3_K..Q6_K: golden records in their own file (quantize_k.bin), fewer
+# differential rows (K_ROWS) to keep the test's time in bounds.
+QUANT_K = {
+    "q3_k": (T.Q3_K, None),
+    "q3_k_imat": (T.Q3_K, "imatrix"),
+    "q4_k": (T.Q4_K, None),
+    "q4_k_imat": (T.Q4_K, "imatrix"),
+    "q5_k": (T.Q5_K, None),
+    "q5_k_imat": (T.Q5_K, "imatrix"),
+    "q6_k": (T.Q6_K, None),
+    "q6_k_imat": (T.Q6_K, "imatrix"),
+}
+QUANT.update(QUANT_K)
 DEQUANT = [T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ2_XXS, T.MXFP4, T.F16, T.BF16]
 
 
@@ -257,6 +273,8 @@ def golden(ref: Ggml, outdir: Path) -> None:
     quant = bytearray(b"XPG1\0\0\0\0")
     count = 0
     for qname, (qtype, kind) in QUANT.items():
+        if qname in QUANT_K:
+            continue  # in quantize_k.bin (golden_k)
         cases = [(f"{qname}/{name}", row[None, :]) for name, row in edge_rows(512)
                  # The reference aborts on IQ2_XXS rows this large (GGML_ASSERT(grid_index >= 0)).
                  if not (qtype == T.IQ2_XXS and name == "huge")]
@@ -306,15 +324,67 @@ def golden(ref: Ggml, outdir: Path) -> None:
     (outdir / "quantize.bin").write_bytes(bytes(quant))
     (outdir / "dequantize.bin").write_bytes(bytes(deq))
     print(f"wrote {count} quantize and {dcount} dequantize records to {outdir}")
+    golden_k(ref, outdir)
+
+
+# Edge rows the importance variants' golden records carry (all of them cost too many bytes).
+K_IMAT_EDGES = ["zeros", "constant_neg", "tiny_subnormal", "below_group_eps", "huge", "single_outlier", "integer_levels", "mostly_negative"]
+K_GOLDEN_DISTS = ["student_t2", "scaled_normal", "weights_like"]
+
+
+def golden_k(ref: Ggml, outdir: Path) -> None:
+    """tests/golden/quantize_k.bin: the QUANT_K variants (rows of 256; every edge row for
+    the reference paths, K_IMAT_EDGES for the importance paths, one row of each of
+    K_GOLDEN_DISTS), and dequantize records for Q3_K and Q5_K; same format as above."""
+    rng = np.random.default_rng(20270126)
+    out = bytearray(b"XPG1\0\0\0\0")
+    count = 0
+    for qname, (qtype, kind) in QUANT_K.items():
+        edges = [(name, row) for name, row in edge_rows(256) if kind is None or name in K_IMAT_EDGES]
+        cases = [(f"{qname}/edge/{name}", row[None, :]) for name, row in edges]
+        cases += [(f"{qname}/random_{d}", random_rows(rng, d, 1, 256)) for d in K_GOLDEN_DISTS]
+        imp = importance_for(kind, rng, 256)
+        if imp is not None:  # one importance vector per record: two records of several rows
+            cases = [(f"{qname}/edge/{'+'.join(n for n, _ in edges)}", np.stack([r for _, r in edges])),
+                     (f"{qname}/random_{'+'.join(K_GOLDEN_DISTS)}", np.concatenate([r for _, r in cases[len(edges):]]))]
+        for name, rows in cases:
+            put_str(out, name)
+            put_str(out, qtype.name)
+            out += struct.pack("<III", rows.shape[1], rows.shape[0], imp is not None)
+            put_bytes(out, rows.astype("<f4").tobytes())
+            if imp is not None:
+                out += imp.astype("<f4").tobytes()
+            put_bytes(out, ref.quantize(qtype, rows, imp))
+            count += 1
+    for qtype in (T.Q3_K, T.Q5_K):
+        _, ts = gguf.GGML_QUANT_SIZES[qtype]
+        data = bytearray(ref.quantize(qtype, random_rows(rng, "weights_like", 3, 256), None))
+        raw = rng.integers(0, 256, (1, ts), dtype=np.uint8)  # any bits, fp16 fields finite
+        dpos = {T.Q3_K: [108], T.Q5_K: [0, 2]}[qtype]
+        for p in dpos:
+            raw[:, p + 1] &= 0x3B
+        data += raw.tobytes()
+        put_str(out, f"dequant/{qtype.name}")
+        put_str(out, qtype.name)
+        out += struct.pack("<III", 256, len(data) // ts, 0)
+        put_bytes(out, bytes(data))
+        put_bytes(out, ref.dequantize(qtype, bytes(data)).astype("<f4").tobytes())
+        count += 1
+    out[4:8] = struct.pack("<I", count)
+    (outdir / "quantize_k.bin").write_bytes(bytes(out))
+    print(f"wrote {count} K-quant records ({len(out)} bytes) to {outdir / 'quantize_k.bin'}")
 
 
 # ---------------------------------------------------------------- diff
 
-def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], levels: list[str], batch: int = 4096) -> int:
-    """Each batch is quantised once by the reference and by xpackfs at every level."""
+def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], levels: list[str], batch: int = 4096,
+         k_rows: int | None = None) -> int:
+    """Each batch is quantised once by the reference and by xpackfs at every level.
+    QUANT_K variants run at most `k_rows` rows, the first batch being edge_rows(256)."""
     rng = np.random.default_rng(seed)
     failures = 0
     print(f"levels: {', '.join(levels)}")
+    all_rows = rows_total
     for qname in types:
         qtype, kind = QUANT[qname]
         bs, ts = gguf.GGML_QUANT_SIZES[qtype]
@@ -322,12 +392,18 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], l
         mism = {lv: 0 for lv in levels}
         t_ours = {lv: 0.0 for lv in levels}
         per_dist: dict[str, int] = {}
+        rows_total = min(all_rows, k_rows) if qname in QUANT_K and k_rows else all_rows
+        edges = np.stack([r for _, r in edge_rows(256)]) if qname in QUANT_K else None
         while done < rows_total:
             for dist in DISTS:
                 if done >= rows_total:
                     break
                 nrow = min(batch, rows_total - done)
-                rows = random_rows(rng, dist, nrow, 256)
+                if edges is not None:
+                    dist, rows, edges = "edge_rows", edges[:nrow], None
+                    nrow = rows.shape[0]
+                else:
+                    rows = random_rows(rng, dist, nrow, 256)
                 cap = EXTREME_CAP.get(qtype)
                 if cap is not None:
                     rows = np.clip(rows, -cap, cap)
@@ -408,7 +484,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "golden")
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--types", default="q8_0,q2_k,q2_k_imat,q2_k_unit,iq2_xxs,iq2_xxs_unit")
+    ap.add_argument("--types", default="q8_0,q2_k,q2_k_imat,q2_k_unit,iq2_xxs,iq2_xxs_unit," + ",".join(QUANT_K))
+    ap.add_argument("--k-rows", type=int, default=20_000, help="rows per QUANT_K variant (at most --rows)")
     ap.add_argument("--xpackfs", default=str(REPO / "target" / "release" / "xpackfs"))
     ap.add_argument("--levels", default=",".join(cpu_levels()), help="SIMD levels to test (default: all this CPU has)")
     args = ap.parse_args()
@@ -417,7 +494,7 @@ def main() -> int:
         golden(ref, args.out)
         return 0
     if args.mode == "diff":
-        return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","), args.levels.split(","))
+        return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","), args.levels.split(","), k_rows=args.k_rows)
     bench(ref, args.xpackfs, args.rows if args.rows != 100_000 else 4096)
     return 0
 

@@ -28,5 +28,6 @@ trap 'rm -rf "$tmp"' EXIT
 python3 tools/ggml_ref.py golden --out "$tmp/golden" >/dev/null
 cmp tests/golden/quantize.bin "$tmp/golden/quantize.bin"
 cmp tests/golden/dequantize.bin "$tmp/golden/dequantize.bin"
+cmp tests/golden/quantize_k.bin "$tmp/golden/quantize_k.bin"
 echo "golden vectors: identical to the reference's output"
 python3 tools/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS:-100000}" --seed "${XPACKFS_DIFF_SEED:-20261130}"

@@ -17,10 +17,13 @@ pub mod fp8;
 pub mod ggml_type;
 pub mod iq2_tables;
 pub mod iq2_xxs;
+pub mod kquants;
 pub mod kt_int8;
 pub mod mxfp4;
 pub mod q2_k;
+pub mod q3_k;
 pub mod q4_k;
+pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod simd;
@@ -83,12 +86,16 @@ pub enum QuantType {
     Q8_0,
     Q2K,
     Iq2Xxs,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
 }
 
 impl QuantType {
     /// For option parsing: the type named `name`, or the rule.
     pub fn parse(name: &str) -> Result<QuantType, String> {
-        QuantType::from_name(name).ok_or_else(|| format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0"))
+        QuantType::from_name(name).ok_or_else(|| format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0"))
     }
 
     pub fn from_name(name: &str) -> Option<QuantType> {
@@ -96,6 +103,10 @@ impl QuantType {
             "Q8_0" => Some(QuantType::Q8_0),
             "Q2_K" => Some(QuantType::Q2K),
             "IQ2_XXS" => Some(QuantType::Iq2Xxs),
+            "Q3_K" => Some(QuantType::Q3K),
+            "Q4_K" => Some(QuantType::Q4K),
+            "Q5_K" => Some(QuantType::Q5K),
+            "Q6_K" => Some(QuantType::Q6K),
             _ => None,
         }
     }
@@ -104,6 +115,10 @@ impl QuantType {
             QuantType::Q8_0 => "Q8_0",
             QuantType::Q2K => "Q2_K",
             QuantType::Iq2Xxs => "IQ2_XXS",
+            QuantType::Q3K => "Q3_K",
+            QuantType::Q4K => "Q4_K",
+            QuantType::Q5K => "Q5_K",
+            QuantType::Q6K => "Q6_K",
         })
         .unwrap()
     }
@@ -148,6 +163,14 @@ pub fn quantize_rows_at(
             (QuantType::Q2K, Some(w)) => simd::q2_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
             (QuantType::Iq2Xxs, Some(w)) => simd::iq2_xxs::quantize(level, src, n_per_row, w, dst),
             (QuantType::Iq2Xxs, None) => None,
+            (QuantType::Q4K, None) => simd::q4_k::quantize_q4_ref(level, src, dst).map(Ok),
+            (QuantType::Q4K, Some(w)) => simd::q4_k::quantize_q4_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q5K, None) => simd::q4_k::quantize_q5_ref(level, src, dst).map(Ok),
+            (QuantType::Q5K, Some(w)) => simd::q4_k::quantize_q5_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q6K, None) => simd::q6_k::quantize_ref(level, src, dst).map(Ok),
+            (QuantType::Q6K, Some(w)) => simd::q6_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q3K, None) => simd::q3_k::quantize_ref(level, src, dst).map(Ok),
+            (QuantType::Q3K, Some(w)) => simd::q3_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
         };
         if let Some(r) = done {
             return r;
@@ -163,9 +186,26 @@ pub fn quantize_rows_at(
                 Some(w) => q2_k::quantize_row_impl(x, y, w),
             },
             QuantType::Iq2Xxs => iq2_xxs::quantize_row(x, y, importance.ok_or(CodecError::ImportanceRequired("IQ2_XXS"))?)?,
+            QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => quantize_row_k(ty, x, y, importance),
         }
     }
     Ok(())
+}
+
+/// One row of Q3_K..Q6_K: ggml's `quantize_<type>` takes `quantize_row_<type>_ref` without
+/// importance and `quantize_row_<type>_impl` with it.
+fn quantize_row_k(ty: QuantType, x: &[f32], y: &mut [u8], importance: Option<&[f32]>) {
+    match (ty, importance) {
+        (QuantType::Q3K, None) => q3_k::quantize_row_ref(x, y),
+        (QuantType::Q3K, Some(w)) => q3_k::quantize_row_impl(x, y, w),
+        (QuantType::Q4K, None) => q4_k::quantize_row_ref(x, y),
+        (QuantType::Q4K, Some(w)) => q4_k::quantize_row_impl(x, y, w),
+        (QuantType::Q5K, None) => q5_k::quantize_row_ref(x, y),
+        (QuantType::Q5K, Some(w)) => q5_k::quantize_row_impl(x, y, w),
+        (QuantType::Q6K, None) => q6_k::quantize_row_ref(x, y),
+        (QuantType::Q6K, Some(w)) => q6_k::quantize_row_impl(x, y, w),
+        _ => unreachable!("not a K-quant: {ty:?}"),
+    }
 }
 
 /// Quantise rows in parallel (rayon), chunks of whole rows; identical bytes to
@@ -268,7 +308,9 @@ pub fn dequantize_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
         "BF16" => float::bf16_to_f32_scalar(src, dst),
         "Q8_0" => q8_0::dequantize(src, dst),
         "Q2_K" => q2_k::dequantize(src, dst),
+        "Q3_K" => q3_k::dequantize(src, dst),
         "Q4_K" => q4_k::dequantize(src, dst),
+        "Q5_K" => q5_k::dequantize(src, dst),
         "Q6_K" => q6_k::dequantize(src, dst),
         "IQ2_XXS" => iq2_xxs::dequantize(src, dst),
         "MXFP4" => mxfp4::dequantize_ggml_scalar(src, dst)?,

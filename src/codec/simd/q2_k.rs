@@ -12,82 +12,9 @@
 //! `make_qp_quants` ~12 %; it could go across lanes too, 16 blocks at a time, as the
 //! IQ2_XXS kernel does.)
 
+use super::kquants::make_qkx_lanes;
 use super::x86::{Simd, iclamp, nearest_int, simd_entry};
 use crate::codec::q2_k::{BYTES, QK_K, impl_block_scales, ref_block_scales};
-
-/// `make_qkx_quants::<16>` for `LANES` sub-blocks at once: element i of every sub-block in
-/// `x[i]`, its weight in `w[i]`. Returns (scale, the_min, levels).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn make_qkx_lanes<S: Simd>(s: S, nmax: i32, x: &[S::F; 16], w: &[S::F; 16], rmin: f32, rdelta: f32, nstep: i32, use_mad: bool) -> (S::F, S::F, [S::I; 16]) {
-    let zero = s.splat(0.0);
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = w[0];
-    let mut sum_x = s.mul(sum_w, x[0]);
-    for i in 1..16 {
-        min = s.select(s.lt(x[i], min), x[i], min);
-        max = s.select(s.gt(x[i], max), x[i], max);
-        sum_w = s.add(sum_w, w[i]);
-        sum_x = s.add(sum_x, s.mul(w[i], x[i]));
-    }
-    min = s.select(s.gt(min, zero), zero, min);
-    let flat = s.le(max, min);
-    let min0 = min;
-    let mut iscale = s.div(s.splat(nmax as f32), s.sub(max, min));
-    let mut scale = s.div(s.splat(1.0), iscale);
-    let mut best_error = zero;
-    let mut l = [s.isplat(0); 16];
-    for i in 0..16 {
-        l[i] = iclamp(s, nearest_int(s, s.mul(iscale, s.sub(x[i], min))), 0, nmax);
-        let diff = s.sub(s.add(s.mul(scale, s.cvt(l[i])), min), x[i]);
-        best_error = s.add(best_error, s.mul(w[i], if use_mad { s.abs(diff) } else { s.mul(diff, diff) }));
-    }
-    debug_assert!(nstep >= 1);
-    for is in 0..=nstep {
-        iscale = s.div(s.splat(rmin + rdelta * is as f32 + nmax as f32), s.sub(max, min));
-        let mut laux = [s.isplat(0); 16];
-        let mut lf = [zero; 16];
-        for i in 0..16 {
-            laux[i] = iclamp(s, nearest_int(s, s.mul(iscale, s.sub(x[i], min))), 0, nmax);
-            lf[i] = s.cvt(laux[i]);
-        }
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
-        for i in 0..16 {
-            let wl = s.mul(w[i], lf[i]);
-            sum_l = s.add(sum_l, wl);
-            sum_l2 = s.add(sum_l2, s.mul(wl, lf[i]));
-            sum_xl = s.add(sum_xl, s.mul(wl, x[i]));
-        }
-        let d = s.sub(s.mul(sum_w, sum_l2), s.mul(sum_l, sum_l));
-        let dpos = s.gt(d, zero);
-        if !s.any(dpos) {
-            continue;
-        }
-        let mut this_scale = s.div(s.sub(s.mul(sum_w, sum_xl), s.mul(sum_x, sum_l)), d);
-        let mut this_min = s.div(s.sub(s.mul(sum_l2, sum_x), s.mul(sum_l, sum_xl)), d);
-        let mpos = s.gt(this_min, zero);
-        this_min = s.select(mpos, zero, this_min);
-        this_scale = s.select(mpos, s.div(sum_xl, sum_l2), this_scale);
-        let mut cur_error = zero;
-        for i in 0..16 {
-            let diff = s.sub(s.add(s.mul(this_scale, lf[i]), this_min), x[i]);
-            cur_error = s.add(cur_error, s.mul(w[i], if use_mad { s.abs(diff) } else { s.mul(diff, diff) }));
-        }
-        let better = s.mand(dpos, s.lt(cur_error, best_error));
-        for i in 0..16 {
-            l[i] = s.iselect(better, laux[i], l[i]);
-        }
-        best_error = s.select(better, cur_error, best_error);
-        scale = s.select(better, this_scale, scale);
-        min = s.select(better, this_min, min);
-    }
-    let zi = s.isplat(0);
-    for li in &mut l {
-        *li = s.iselect(flat, zi, *li);
-    }
-    (s.select(flat, zero, scale), s.neg(s.select(flat, min0, min)), l)
-}
 
 /// Element i of sub-blocks `first..first + LANES` of a super-block (`v` has 256 values).
 #[inline(always)]
