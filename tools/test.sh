@@ -4,6 +4,10 @@
 #  0. rustfmt (rustfmt.toml) of the crate and the fuzz crate, then clippy on every target with warnings as errors (and every unsafe block documented),
 #  1. every Rust test (unit tests, golden vectors, integration tests that mount for real
 #     and compare with the seeds and Python peers; as root with /dev/fuse),
+#  1b. the remote-source test servers checked with the clients they stand in for
+#     (huggingface_hub for the Hub stand-in, a raw client for the fault proxy),
+#  1b. the remote-source test servers, checked with the clients they stand in for
+#     (huggingface_hub for the Hub stand-in, a raw client for the fault proxy),
 #  2. the codec reference checks: the committed golden vectors must be exactly what the
 #     reference produces, and the randomized differential test (100,000 rows per
 #     quantiser variant and per SIMD level this CPU has: scalar, avx2, avx512; about 3
@@ -20,6 +24,10 @@ cargo fmt --check
 (cd fuzz && cargo fmt --check)
 cargo clippy --locked --all-targets --quiet -- -D warnings -D clippy::undocumented_unsafe_blocks
 cargo test --locked --all-targets
+
+echo "== the remote-source test servers, checked with the clients they stand in for"
+python3 tools/remote/check_hub_standin.py
+python3 tools/remote/check_fault_proxy.py
 
 echo "== codec reference checks"
 cargo build --locked --release --quiet
