@@ -65,7 +65,7 @@ def main() -> int:
     opt("numa_count_zero", ["numa_count=0"], "'--numa-count <NUMA_COUNT>': 0 must be an integer from 1 to 64", None)
     opt("numa_count_huge", ["numa_count=1099511627776"], "'--numa-count <NUMA_COUNT>': 1099511627776 must be an integer from 1 to 64", ["kt-int8"])
     opt("numa_count_3", ["numa_count=3"], "option numa_count: 3 does not divide the intermediate size 64", ["kt-int8"])
-    opt("w1_unknown", ["w1=Q4_0"], "'--w1 <W1>': \"Q4_0\" is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0", None)
+    opt("w1_unknown", ["w1=Q4_0"], "'--w1 <W1>': \"Q4_0\" is not a type the requant view writes: IQ2_XXS, Q2_K or Q8_0", None)
     opt("stats_bad", ["stats=maybe"], "'--stats <STATS>': \"maybe\" is not on or off", None)
     # -- serving options (mount only) --
     opt("threads_zero", ["threads=0"], "'--threads <THREADS>': 0 must be an integer from 1 to 256", None, materialize=False)

@@ -22,7 +22,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::{Source, SourceError, SourceFile, SourceKind, TensorDtype, TensorInfo};
 use crate::codec::GgmlType;
@@ -161,10 +160,8 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
     let mut headers = Vec::with_capacity(paths.len());
     let mut tensors: Vec<TensorInfo> = Vec::new();
     let mut names: HashSet<String> = HashSet::new();
-    let mut logical_base = 0u64;
-    for (index, p) in paths.iter().enumerate() {
-        let file = Arc::new(SourceFile::open(p)?);
-        let (header, file_tensors) = parse_file(&file, index, logical_base, limits)?;
+    let parsed = super::open_parsed(&paths, |file, index, base| parse_file(file, index, base, limits))?;
+    for ((index, p), (file, header, file_tensors)) in paths.iter().enumerate().zip(parsed) {
         if paths.len() > 1 {
             check_split_keys(p, &header, index as u64, paths.len() as u64)?;
             if let (Some(first), Some(first_path)) = (headers.first(), paths.first()) {
@@ -177,7 +174,6 @@ pub fn open_with_limits(path: &Path, limits: &Limits) -> Result<Source, SourceEr
             }
             tensors.push(t);
         }
-        logical_base = logical_base.checked_add(file.size()).ok_or_else(|| SourceError::format(p, "split set size overflows"))?;
         headers.push(header);
         files.push(file);
     }
@@ -207,6 +203,11 @@ fn split_set_paths(path: &Path, limits: &Limits) -> Result<Vec<PathBuf>, SourceE
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     let paths: Vec<PathBuf> = (1..=count).map(|i| dir.join(format!("{prefix}-{i:05}-of-{count:05}.gguf"))).collect();
+    // A remote directory is listed once (one request), so the parts' checks below need no
+    // request each.
+    if super::remote::is_remote(dir) {
+        let _ = super::remote::list_dir(dir);
+    }
     // Every part must be there and be a regular file before any is opened.
     for p in &paths {
         match super::check_file(p) {

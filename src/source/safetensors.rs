@@ -19,7 +19,6 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use safetensors::tensor::{Dtype, Metadata, TensorInfo as StInfo};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -309,18 +308,15 @@ pub fn open(path: &Path) -> Result<Source, SourceError> {
     let mut shards = Vec::with_capacity(shard_names.len());
     let mut tensors: Vec<TensorInfo> = Vec::new();
     let mut owner: HashMap<String, String> = HashMap::new();
-    let mut base = 0u64;
-    for (i, name) in shard_names.iter().enumerate() {
-        let p = root.join(name);
-        let file = Arc::new(SourceFile::open(&p)?);
-        let (header, ts) = parse_shard(&file, i, base)?;
+    let paths: Vec<PathBuf> = shard_names.iter().map(|n| root.join(n)).collect();
+    let parsed = super::open_parsed(&paths, parse_shard)?;
+    for ((name, p), (file, header, ts)) in shard_names.iter().zip(&paths).zip(parsed) {
         for t in ts {
             if let Some(prev) = owner.insert(t.name.clone(), name.clone()) {
                 return Err(SourceError::tensor(&p, &t.name, format!("tensor also in shard {prev}")));
             }
             tensors.push(t);
         }
-        base = base.checked_add(file.size()).ok_or_else(|| SourceError::format(&p, "the shards' total size overflows"))?;
         shards.push(header);
         files.push(file);
     }

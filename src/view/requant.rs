@@ -43,18 +43,28 @@ fn err(rule: impl Into<String>) -> ViewError {
     ViewError::Layout { view: VIEW, rule: rule.into() }
 }
 
+/// A recipe's type: the fourth seed's (IQ2_XXS, Q2_K, Q8_0). Other types xpackfs quantises
+/// to are for the GGUF output view; the requant view's shards and manifest are the seed's,
+/// and the seed writes only these.
+fn recipe_type(name: &str) -> Result<QuantType, String> {
+    match QuantType::from_name(name) {
+        Some(t @ (QuantType::Iq2Xxs | QuantType::Q2K | QuantType::Q8_0)) => Ok(t),
+        _ => Err(format!("{name:?} is not a type the requant view writes: IQ2_XXS, Q2_K or Q8_0")),
+    }
+}
+
 /// The recipe (`-o w1=...,w2=...,w3=...,imatrix=...`).
 #[derive(Debug, Clone, clap::Args)]
 #[group(id = "requant")]
 pub struct Options {
     /// ggml type for the gate (w1) experts: IQ2_XXS, Q2_K or Q8_0
-    #[arg(long, default_value = "IQ2_XXS", value_parser = QuantType::parse, help_heading = "Requant")]
+    #[arg(long, default_value = "IQ2_XXS", value_parser = recipe_type, help_heading = "Requant")]
     pub w1: QuantType,
     /// ggml type for the down (w2) experts
-    #[arg(long, default_value = "Q2_K", value_parser = QuantType::parse, help_heading = "Requant")]
+    #[arg(long, default_value = "Q2_K", value_parser = recipe_type, help_heading = "Requant")]
     pub w2: QuantType,
     /// ggml type for the up (w3) experts
-    #[arg(long, default_value = "IQ2_XXS", value_parser = QuantType::parse, help_heading = "Requant")]
+    #[arg(long, default_value = "IQ2_XXS", value_parser = recipe_type, help_heading = "Requant")]
     pub w3: QuantType,
     /// llama.cpp importance matrix (GGUF or legacy imatrix.dat) instead of the seed's unit importance
     #[arg(long, value_name = "FILE", help_heading = "Requant")]
