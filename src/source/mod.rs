@@ -49,11 +49,14 @@ impl SourceError {
     }
 }
 
+/// One opened and parsed file: the file, its header, its tensors.
+pub(crate) type Parsed<H> = (Arc<SourceFile>, H, Vec<TensorInfo>);
+
 /// Open `paths` as source files and parse each with `parse(file, index, logical_base)`, up to
 /// eight at a time (a remote split set's headers are one round trip each: in parallel, a
 /// 24-part set opens in a few round trips' time). Results are in `paths`' order; the first
 /// error in that order is returned.
-pub(crate) fn open_parsed<H: Send, F>(paths: &[PathBuf], parse: F) -> Result<Vec<(Arc<SourceFile>, H, Vec<TensorInfo>)>, SourceError>
+pub(crate) fn open_parsed<H: Send, F>(paths: &[PathBuf], parse: F) -> Result<Vec<Parsed<H>>, SourceError>
 where
     F: Fn(&SourceFile, usize, u64) -> Result<(H, Vec<TensorInfo>), SourceError> + Sync,
 {
@@ -64,7 +67,8 @@ where
         bases.push(base);
         base = base.checked_add(f.size()).ok_or_else(|| SourceError::format(p, "the files' total size overflows"))?;
     }
-    let slots: Vec<parking_lot::Mutex<Option<Result<(H, Vec<TensorInfo>), SourceError>>>> = files.iter().map(|_| parking_lot::Mutex::new(None)).collect();
+    type Slot<H> = parking_lot::Mutex<Option<Result<(H, Vec<TensorInfo>), SourceError>>>;
+    let slots: Vec<Slot<H>> = files.iter().map(|_| parking_lot::Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let workers = files.len().clamp(1, 8);
     std::thread::scope(|scope| {
