@@ -268,6 +268,11 @@ fn a_multipart_object_and_a_plain_http_server_read_the_same() {
     assert_same_views(want.path(), got.path(), "expert-pack over http://");
 }
 
+/// A request to a test server's control endpoint (through Python's urllib: no curl needed).
+fn http(url: &str, method: &str) -> Output {
+    run_ok(python().args(["-c", "import sys, urllib.request as u; sys.stdout.buffer.write(u.urlopen(u.Request(sys.argv[1], method=sys.argv[2], data=b'' if sys.argv[2] == 'POST' else None)).read())", url, method]))
+}
+
 fn hub_fixture() -> (tempfile::TempDir, PathBuf) {
     let d = tmp();
     let repo_dir = d.path().join("repo");
@@ -296,7 +301,7 @@ fn a_hub_repository_reads_at_its_pinned_commit_and_the_token_stays_on_the_hub() 
     let n = changed.len();
     changed[n - 1] ^= 0xff;
     std::fs::write(repo_dir.join("gguf/sample-moe.gguf"), &changed).unwrap();
-    let c = Command::new("curl").args(["-s", "-X", "POST", &format!("{}/_control/push?repo=org/model", hub.get("hub"))]).output().unwrap();
+    let c = http(&format!("{}/_control/push?repo=org/model", hub.get("hub")), "POST");
     assert!(c.status.success());
     let pinned = materialize(&env, &format!("hf://org/model@{commit}/gguf/sample-moe.gguf"), &[]);
     let original = materialize(&[], sample().to_str().unwrap(), &[]);
@@ -307,7 +312,7 @@ fn a_hub_repository_reads_at_its_pinned_commit_and_the_token_stays_on_the_hub() 
     let o = xpackfs(&[("HF_ENDPOINT", hub.get("hub")), ("HF_HOME", tmp().path().display().to_string())], &["digest", "hf://org/model/gguf/sample-moe.gguf"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("hf://org/model") && err.contains("HF_TOKEN"), "{err}");
-    let log = Command::new("curl").args(["-s", &format!("{}/_control/log", hub.get("hub"))]).output().unwrap();
+    let log = http(&format!("{}/_control/log", hub.get("hub")), "GET");
     let log: Value = serde_json::from_slice(&log.stdout).unwrap();
     assert_eq!(log["authorization_seen_on_cdn"], 0, "{log}");
     assert!(!err.contains("hf_secret_token_1234"));
