@@ -17,10 +17,16 @@ pub mod fp8;
 pub mod ggml_type;
 pub mod iq2_tables;
 pub mod iq2_xxs;
+pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod kt_int8;
 pub mod mxfp4;
 pub mod q2_k;
+pub mod q4_0;
+pub mod q4_1;
 pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
 pub mod q6_k;
 pub mod q8_0;
 pub mod simd;
@@ -83,12 +89,19 @@ pub enum QuantType {
     Q8_0,
     Q2K,
     Iq2Xxs,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Iq4Nl,
+    Iq4Xs,
 }
 
 impl QuantType {
     /// For option parsing: the type named `name`, or the rule.
     pub fn parse(name: &str) -> Result<QuantType, String> {
-        QuantType::from_name(name).ok_or_else(|| format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0"))
+        QuantType::from_name(name)
+            .ok_or_else(|| format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_XS"))
     }
 
     pub fn from_name(name: &str) -> Option<QuantType> {
@@ -96,6 +109,12 @@ impl QuantType {
             "Q8_0" => Some(QuantType::Q8_0),
             "Q2_K" => Some(QuantType::Q2K),
             "IQ2_XXS" => Some(QuantType::Iq2Xxs),
+            "Q4_0" => Some(QuantType::Q4_0),
+            "Q4_1" => Some(QuantType::Q4_1),
+            "Q5_0" => Some(QuantType::Q5_0),
+            "Q5_1" => Some(QuantType::Q5_1),
+            "IQ4_NL" => Some(QuantType::Iq4Nl),
+            "IQ4_XS" => Some(QuantType::Iq4Xs),
             _ => None,
         }
     }
@@ -104,6 +123,12 @@ impl QuantType {
             QuantType::Q8_0 => "Q8_0",
             QuantType::Q2K => "Q2_K",
             QuantType::Iq2Xxs => "IQ2_XXS",
+            QuantType::Q4_0 => "Q4_0",
+            QuantType::Q4_1 => "Q4_1",
+            QuantType::Q5_0 => "Q5_0",
+            QuantType::Q5_1 => "Q5_1",
+            QuantType::Iq4Nl => "IQ4_NL",
+            QuantType::Iq4Xs => "IQ4_XS",
         })
         .unwrap()
     }
@@ -148,6 +173,7 @@ pub fn quantize_rows_at(
             (QuantType::Q2K, Some(w)) => simd::q2_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
             (QuantType::Iq2Xxs, Some(w)) => simd::iq2_xxs::quantize(level, src, n_per_row, w, dst),
             (QuantType::Iq2Xxs, None) => None,
+            (QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Iq4Nl | QuantType::Iq4Xs, _) => None,
         };
         if let Some(r) = done {
             return r;
@@ -163,9 +189,30 @@ pub fn quantize_rows_at(
                 Some(w) => q2_k::quantize_row_impl(x, y, w),
             },
             QuantType::Iq2Xxs => iq2_xxs::quantize_row(x, y, importance.ok_or(CodecError::ImportanceRequired("IQ2_XXS"))?)?,
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Iq4Nl | QuantType::Iq4Xs => {
+                quantize_row_legacy(ty, x, y, importance)
+            }
         }
     }
     Ok(())
+}
+
+/// The scalar quantisers of Q4_0, Q4_1, Q5_0, Q5_1 (the `_ref` path without importance,
+/// `_impl` with), IQ4_NL and IQ4_XS (one path, `x^2` weights without importance), one row.
+fn quantize_row_legacy(ty: QuantType, x: &[f32], y: &mut [u8], importance: Option<&[f32]>) {
+    match (ty, importance) {
+        (QuantType::Q4_0, None) => q4_0::quantize_row_ref(x, y),
+        (QuantType::Q4_0, Some(w)) => q4_0::quantize_row_impl(x, y, w),
+        (QuantType::Q4_1, None) => q4_1::quantize_row_ref(x, y),
+        (QuantType::Q4_1, Some(w)) => q4_1::quantize_row_impl(x, y, w),
+        (QuantType::Q5_0, None) => q5_0::quantize_row_ref(x, y),
+        (QuantType::Q5_0, Some(w)) => q5_0::quantize_row_impl(x, y, w),
+        (QuantType::Q5_1, None) => q5_1::quantize_row_ref(x, y),
+        (QuantType::Q5_1, Some(w)) => q5_1::quantize_row_impl(x, y, w),
+        (QuantType::Iq4Nl, w) => iq4_nl::quantize_row(x, y, w),
+        (QuantType::Iq4Xs, w) => iq4_xs::quantize_row(x, y, w),
+        _ => unreachable!("not a legacy or IQ4 type"),
+    }
 }
 
 /// Quantise rows in parallel (rayon), chunks of whole rows; identical bytes to
@@ -271,6 +318,12 @@ pub fn dequantize_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
         "Q4_K" => q4_k::dequantize(src, dst),
         "Q6_K" => q6_k::dequantize(src, dst),
         "IQ2_XXS" => iq2_xxs::dequantize(src, dst),
+        "Q4_0" => q4_0::dequantize(src, dst),
+        "Q4_1" => q4_1::dequantize(src, dst),
+        "Q5_0" => q5_0::dequantize(src, dst),
+        "Q5_1" => q5_1::dequantize(src, dst),
+        "IQ4_NL" => iq4_nl::dequantize(src, dst),
+        "IQ4_XS" => iq4_xs::dequantize(src, dst),
         "MXFP4" => mxfp4::dequantize_ggml_scalar(src, dst)?,
         other => return Err(CodecError::Shape(format!("decoding {other} is not supported"))),
     }
