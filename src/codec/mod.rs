@@ -173,7 +173,16 @@ pub fn quantize_rows_at(
             (QuantType::Q2K, Some(w)) => simd::q2_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
             (QuantType::Iq2Xxs, Some(w)) => simd::iq2_xxs::quantize(level, src, n_per_row, w, dst),
             (QuantType::Iq2Xxs, None) => None,
-            (QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Iq4Nl | QuantType::Iq4Xs, _) => None,
+            (QuantType::Q4_0, None) => simd::q4_0::quantize_q4_0_ref(level, src, dst).map(Ok),
+            (QuantType::Q4_0, Some(w)) => simd::q4_0::quantize_q4_0_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q5_0, None) => simd::q4_0::quantize_q5_0_ref(level, src, dst).map(Ok),
+            (QuantType::Q5_0, Some(w)) => simd::q4_0::quantize_q5_0_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q4_1, None) => simd::q4_1::quantize_q4_1_ref(level, src, dst).map(Ok),
+            (QuantType::Q4_1, Some(w)) => simd::q4_1::quantize_q4_1_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q5_1, None) => simd::q4_1::quantize_q5_1_ref(level, src, dst).map(Ok),
+            (QuantType::Q5_1, Some(w)) => simd::q4_1::quantize_q5_1_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Iq4Nl, w) => simd::iq4_nl::quantize_nl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Iq4Xs, w) => simd::iq4_nl::quantize_xs(level, src, n_per_row, w, dst).map(Ok),
         };
         if let Some(r) = done {
             return r;

@@ -22,9 +22,15 @@ pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod iq2_xxs;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod iq4_nl;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod kt_int8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q2_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod q4_0;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod q4_1;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q8_0;
 #[cfg(target_arch = "x86_64")]

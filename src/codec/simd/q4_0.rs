@@ -1,0 +1,313 @@
+//! Q4_0 and Q5_0 quantisation (the signed-maximum types), and the lane helpers the other
+//! 32-value types (Q4_1, Q5_1, IQ4_NL, IQ4_XS) share.
+//!
+//! Reference path (`quantize_row_q{4,5}_0_ref`): lanes = the values of one block. The
+//! absolute maximum is a maximum (exact in any order once NaN is ruled out: a block holding
+//! NaN goes to the scalar code), and the signed `max` the scalar scan keeps is the value at
+//! the first index holding it; the rest is per value (`(int8_t)(x * id + 8.5f)` as the
+//! low byte of `cvttss2si`, then `MIN(15, ·)` on the signed byte).
+//!
+//! Importance path (`quantize_row_q{4,5}_0_impl`): lanes = blocks, any blocks of the input
+//! (rows end on block boundaries; each lane carries its row's `sigma2`, computed with lanes
+//! = rows, and its column's importance). Lane j runs `make_qx_quants` on block j: the scan,
+//! the first pass and the 18 trial scales with their sequential sums, `if` branches as
+//! masks.
+
+use super::x86::{Simd, iclamp, nearest_int, simd_entry};
+use crate::codec::q2_k::GROUP_MAX_EPS;
+use crate::codec::{f32_to_fp16, q4_0, q5_0};
+
+pub(crate) const BLOCK: usize = 32;
+
+/// Inputs are quantised in pieces of whole rows of at most this many values (more when a
+/// row is longer), so every gather index fits an i32.
+pub(crate) const PIECE: usize = 1 << 24;
+
+/// Whole rows of `src` (and the matching `dst`) in pieces of about [`PIECE`] values.
+pub(crate) fn pieces<'a>(src: &'a [f32], dst: &'a mut [u8], n_per_row: usize, row_bytes: usize) -> impl Iterator<Item = (&'a [f32], &'a mut [u8])> {
+    let rows = (PIECE / n_per_row).max(1);
+    src.chunks(rows * n_per_row).zip(dst.chunks_mut(rows * row_bytes))
+}
+
+/// `MIN(top, (int8_t)t)` stored as `uint8_t`, per lane (`t` from `cvttss2si`): the low byte
+/// b, or `top` where b as a signed byte exceeds `top` (b in `top + 1..=127`).
+#[inline(always)]
+pub(crate) fn min_i8<S: Simd>(s: S, t: S::I, top: i32) -> S::I {
+    let b = s.iand(t, s.isplat(0xFF));
+    let over = s.mand(s.igt(b, s.isplat(top)), s.igt(s.isplat(128), b));
+    s.iselect(over, s.isplat(top), b)
+}
+
+/// Lane i = `v[bases[i] + k]` for k in 0..32 (element k of the block starting at
+/// `bases[i]`).
+#[inline(always)]
+pub(crate) fn gather32<S: Simd>(s: S, v: &[f32], bases: &[i32; 16]) -> [S::F; 32] {
+    assert!(bases[..S::LANES].iter().all(|&b| b >= 0 && b as usize + BLOCK <= v.len()));
+    let bv = s.iload(bases);
+    let mut out = [s.splat(0.0); 32];
+    for (k, o) in out.iter_mut().enumerate() {
+        // SAFETY: every lane index is bases[i] + k with bases[i] >= 0 and
+        // bases[i] + 32 <= v.len() (asserted above), so it is in 0..v.len().
+        *o = unsafe { s.gather(v, s.iadd(bv, s.isplat(k as i32))) };
+    }
+    out
+}
+
+/// `sum(x^2) * scale` over each run of `n` values of `v` (sequential within a lane, lanes
+/// = runs): the rows' `sum_x2 / n_per_row` with `scale = None`, or IQ4_XS's super-blocks'
+/// `sigma2 * (2/256)`.
+pub(crate) fn sums_of_squares<S: Simd>(s: S, v: &[f32], n: usize, scale: Option<f32>) -> Vec<f32> {
+    let runs = v.len() / n;
+    let mut out = vec![0.0f32; runs];
+    for first in (0..runs).step_by(S::LANES) {
+        let mut bases = [0i32; 16];
+        for (lane, b) in bases[..S::LANES].iter_mut().enumerate() {
+            *b = i32::try_from(n * (first + lane).min(runs - 1)).unwrap();
+        }
+        assert!(bases[..S::LANES].iter().all(|&b| b as usize + n <= v.len()));
+        let bv = s.iload(&bases);
+        let mut acc = s.splat(0.0);
+        for j in 0..n {
+            // SAFETY: lane indices are bases[i] + j < bases[i] + n <= v.len() (asserted).
+            let x = unsafe { s.gather(v, s.iadd(bv, s.isplat(j as i32))) };
+            acc = s.add(acc, s.mul(x, x));
+        }
+        let r = match scale {
+            None => s.div(acc, s.splat(n as f32)),
+            Some(k) => s.mul(acc, s.splat(k)),
+        };
+        let mut t = [0.0f32; 16];
+        s.store(r, &mut t);
+        let count = (runs - first).min(S::LANES);
+        out[first..first + count].copy_from_slice(&t[..count]);
+    }
+    out
+}
+
+/// Lanes = blocks `first..first + LANES` of a piece (the last block repeated past the end):
+/// the block bases in `src`, the importance bases (block within its row) and the index of
+/// the row.
+#[inline(always)]
+pub(crate) fn block_bases(first: usize, total: usize, blocks_per_row: usize, lanes: usize) -> ([i32; 16], [i32; 16], [usize; 16]) {
+    let (mut xb, mut wb, mut row) = ([0i32; 16], [0i32; 16], [0usize; 16]);
+    for lane in 0..lanes {
+        let b = (first + lane).min(total - 1);
+        xb[lane] = i32::try_from(BLOCK * b).unwrap();
+        wb[lane] = i32::try_from(BLOCK * (b % blocks_per_row)).unwrap();
+        row[lane] = b / blocks_per_row;
+    }
+    (xb, wb, row)
+}
+
+/// The weights `qw * sqrt(sigma2 + x^2)` of a lane-per-block group.
+#[inline(always)]
+pub(crate) fn weights<S: Simd>(s: S, x: &[S::F; 32], qw: &[S::F; 32], sigma2: S::F) -> [S::F; 32] {
+    let mut w = [s.splat(0.0); 32];
+    for k in 0..BLOCK {
+        w[k] = s.mul(qw[k], s.sqrt(s.add(sigma2, s.mul(x[k], x[k]))));
+    }
+    w
+}
+
+#[inline(always)]
+fn signed_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
+    let (bytes, nmax): (usize, i32) = if Q5 { (q5_0::BYTES, 16) } else { (q4_0::BYTES, 8) };
+    let n = BLOCK / S::LANES;
+    let half = n / 2;
+    let top = 2 * nmax - 1;
+    for (xb, yb) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(bytes)) {
+        let mut v = [s.splat(0.0); 4];
+        for (i, vi) in v[..n].iter_mut().enumerate() {
+            *vi = s.load(&xb[i * S::LANES..]);
+        }
+        let mut m = s.abs(v[0]);
+        let mut nan = s.ne(v[0], v[0]);
+        for vi in &v[1..n] {
+            let a = s.abs(*vi);
+            m = s.select(s.gt(a, m), a, m);
+            nan = s.mor(nan, s.ne(*vi, *vi));
+        }
+        if s.any(nan) {
+            if Q5 {
+                q5_0::quantize_row_ref(xb, yb)
+            } else {
+                q4_0::quantize_row_ref(xb, yb)
+            }
+            continue;
+        }
+        let amax = s.reduce_max(m);
+        // The scan starts from amax = max = 0 and takes a value only when strictly larger.
+        let max = if amax > 0.0 {
+            let a = s.splat(amax);
+            let mut bits = 0u64;
+            for (i, vi) in v[..n].iter().enumerate() {
+                bits |= (s.mbits(s.eq(s.abs(*vi), a)) as u64) << (i * S::LANES);
+            }
+            xb[bits.trailing_zeros() as usize]
+        } else {
+            0.0
+        };
+        let d = max / -(nmax as f32);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        yb[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
+        let (idv, off) = (s.splat(id), s.splat(nmax as f32 + 0.5));
+        let mut q = [s.isplat(0); 4];
+        for i in 0..n {
+            q[i] = min_i8(s, s.cvtt(s.add(s.mul(v[i], idv), off)), top);
+        }
+        if Q5 {
+            let mut qh = 0u32;
+            for (i, qi) in q[..n].iter().enumerate() {
+                qh |= s.mbits(s.ieq(s.iand(*qi, s.isplat(16)), s.isplat(16))) << (i * S::LANES);
+            }
+            yb[2..6].copy_from_slice(&qh.to_le_bytes());
+            for k in 0..half {
+                let r = s.ior(s.iand(q[k], s.isplat(15)), s.shl::<4>(s.iand(q[k + half], s.isplat(15))));
+                s.store_low_u8(r, &mut yb[6 + k * S::LANES..]);
+            }
+        } else {
+            for k in 0..half {
+                s.store_low_u8(s.ior(q[k], s.shl::<4>(q[k + half])), &mut yb[2 + k * S::LANES..]);
+            }
+        }
+    }
+}
+
+/// `make_qx_quants(32, nmax, x, L, 1, w)` for `LANES` blocks at once (element k of every
+/// block in `x[k]`). Returns the scales and the levels `L` (0..2 * nmax).
+#[inline(always)]
+fn make_qx_lanes<S: Simd>(s: S, nmax: i32, x: &[S::F; 32], w: &[S::F; 32]) -> (S::F, [S::I; 32]) {
+    let zero = s.splat(0.0);
+    let mut amax = zero;
+    let mut max = zero;
+    for xk in x {
+        let ax = s.abs(*xk);
+        let m = s.gt(ax, amax);
+        amax = s.select(m, ax, amax);
+        max = s.select(m, *xk, max);
+    }
+    let all_zero = s.lt(amax, s.splat(GROUP_MAX_EPS));
+    let mut wx = [zero; 32];
+    for k in 0..BLOCK {
+        wx[k] = s.mul(w[k], x[k]);
+    }
+    let (lo, hi, off) = (-nmax, nmax - 1, s.isplat(nmax));
+    let iscale = s.div(s.splat(-nmax as f32), max);
+    let mut l = [s.isplat(0); 32];
+    let (mut sumlx, mut suml2) = (zero, zero);
+    for k in 0..BLOCK {
+        let li = iclamp(s, nearest_int(s, s.mul(iscale, x[k])), lo, hi);
+        l[k] = s.iadd(li, off);
+        let lf = s.cvt(li);
+        sumlx = s.add(sumlx, s.mul(wx[k], lf));
+        suml2 = s.add(suml2, s.mul(s.mul(w[k], lf), lf));
+    }
+    let mut scale = s.select(s.ne(suml2, zero), s.div(sumlx, suml2), zero);
+    let mut best = s.mul(scale, sumlx);
+    for is in -9i32..=9 {
+        if is == 0 {
+            continue;
+        }
+        let iscale = s.div(s.splat(-(nmax as f32 + 0.1f32 * is as f32)), max);
+        let mut lt = [s.isplat(0); 32];
+        let (mut sumlx, mut suml2) = (zero, zero);
+        for k in 0..BLOCK {
+            let li = iclamp(s, nearest_int(s, s.mul(iscale, x[k])), lo, hi);
+            lt[k] = li;
+            let lf = s.cvt(li);
+            sumlx = s.add(sumlx, s.mul(wx[k], lf));
+            suml2 = s.add(suml2, s.mul(s.mul(w[k], lf), lf));
+        }
+        let better = s.mand(s.gt(suml2, zero), s.gt(s.mul(sumlx, sumlx), s.mul(best, suml2)));
+        if s.any(better) {
+            for k in 0..BLOCK {
+                l[k] = s.iselect(better, s.iadd(lt[k], off), l[k]);
+            }
+            let sc = s.div(sumlx, suml2);
+            scale = s.select(better, sc, scale);
+            best = s.select(better, s.mul(sc, sumlx), best);
+        }
+    }
+    for lk in &mut l {
+        *lk = s.iselect(all_zero, s.isplat(0), *lk);
+    }
+    (s.select(all_zero, zero, scale), l)
+}
+
+#[inline(always)]
+fn signed_max_impl<S: Simd, const Q5: bool>(s: S, src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) {
+    let (bytes, nmax): (usize, i32) = if Q5 { (q5_0::BYTES, 16) } else { (q4_0::BYTES, 8) };
+    let nb = n_per_row / BLOCK;
+    for (src, dst) in pieces(src, dst, n_per_row, nb * bytes) {
+        let sigma2 = sums_of_squares(s, src, n_per_row, None);
+        let total = src.len() / BLOCK;
+        for first in (0..total).step_by(S::LANES) {
+            let (xb, wb, row) = block_bases(first, total, nb, S::LANES);
+            let x = gather32(s, src, &xb);
+            let qw = gather32(s, quant_weights, &wb);
+            let mut s2 = [0.0f32; 16];
+            for lane in 0..S::LANES {
+                s2[lane] = sigma2[row[lane]];
+            }
+            let w = weights(s, &x, &qw, s.load(&s2));
+            let (scale, l) = make_qx_lanes(s, nmax, &x, &w);
+            let mut sc = [0.0f32; 16];
+            s.store(scale, &mut sc);
+            let mut lv = [[0i32; 16]; 32];
+            for k in 0..BLOCK {
+                s.istore(l[k], &mut lv[k]);
+            }
+            for lane in 0..(total - first).min(S::LANES) {
+                let y = &mut dst[(first + lane) * bytes..(first + lane + 1) * bytes];
+                y[..2].copy_from_slice(&f32_to_fp16(sc[lane]).to_le_bytes());
+                if Q5 {
+                    q5_0::pack5(|j| lv[j][lane] as u8, &mut y[2..]);
+                } else {
+                    for j in 0..16 {
+                        y[2 + j] = lv[j][lane] as u8 | ((lv[j + 16][lane] as u8) << 4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn q4_0_ref<S: Simd>(s: S, src: &[f32], dst: &mut [u8]) {
+    signed_max_ref::<S, false>(s, src, dst)
+}
+
+#[inline(always)]
+fn q5_0_ref<S: Simd>(s: S, src: &[f32], dst: &mut [u8]) {
+    signed_max_ref::<S, true>(s, src, dst)
+}
+
+#[inline(always)]
+fn q4_0_impl<S: Simd>(s: S, src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) {
+    signed_max_impl::<S, false>(s, src, n_per_row, quant_weights, dst)
+}
+
+#[inline(always)]
+fn q5_0_impl<S: Simd>(s: S, src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) {
+    signed_max_impl::<S, true>(s, src, n_per_row, quant_weights, dst)
+}
+
+simd_entry! {
+    /// `quantize_row_q4_0_ref` over whole blocks.
+    pub(crate) fn quantize_q4_0_ref(src: &[f32], dst: &mut [u8]) -> () => q4_0_ref
+}
+
+simd_entry! {
+    /// `quantize_row_q5_0_ref` over whole blocks.
+    pub(crate) fn quantize_q5_0_ref(src: &[f32], dst: &mut [u8]) -> () => q5_0_ref
+}
+
+simd_entry! {
+    /// `quantize_row_q4_0_impl` over rows of `n_per_row`, one importance value per column.
+    pub(crate) fn quantize_q4_0_impl(src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) -> () => q4_0_impl
+}
+
+simd_entry! {
+    /// `quantize_row_q5_0_impl` over rows of `n_per_row`, one importance value per column.
+    pub(crate) fn quantize_q5_0_impl(src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) -> () => q5_0_impl
+}
