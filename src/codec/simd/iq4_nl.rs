@@ -12,10 +12,10 @@
 //! super-blocks' `sigma2` (a sequential sum of 256 squares) is computed with lanes =
 //! super-blocks.
 
-use super::q4_0::{BLOCK, block_bases, gather32, pieces, sums_of_squares, weights};
+use super::q4_0::{BLOCK, block_bases, fp16, gather32, pieces, sums_of_squares, weights};
 use super::x86::{Simd, simd_entry};
 use crate::codec::q2_k::GROUP_MAX_EPS;
-use crate::codec::{f32_to_fp16, iq4_nl, iq4_xs, nearest_int};
+use crate::codec::{iq4_nl, iq4_xs, nearest_int};
 
 /// `kvalues_iq4nl[0, 2, .., 14]` and `[1, 3, .., 15]`.
 const EVEN: [f32; 8] = [-127.0, -83.0, -49.0, -22.0, 1.0, 25.0, 53.0, 89.0];
@@ -147,7 +147,7 @@ fn nl<S: Simd>(s: S, src: &[f32], n_per_row: usize, quant_weights: Option<&[f32]
             s.store(d, &mut dv);
             for lane in 0..(total - first).min(S::LANES) {
                 let y = &mut dst[(first + lane) * BYTES..(first + lane + 1) * BYTES];
-                y[..2].copy_from_slice(&f32_to_fp16(dv[lane]).to_le_bytes());
+                y[..2].copy_from_slice(&fp16(dv[lane]).to_le_bytes());
                 pack(&lv, lane, &mut y[2..]);
             }
         }
@@ -191,7 +191,7 @@ fn xs<S: Simd>(s: S, src: &[f32], n_per_row: usize, quant_weights: Option<&[f32]
                 }
                 let y = &mut dst[(first / 8 + sb) * BYTES..(first / 8 + sb + 1) * BYTES];
                 let d = -max_scale / 32.0;
-                y[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
+                y[..2].copy_from_slice(&fp16(d).to_le_bytes());
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 let mut scales_h = 0u16;
                 for ib in 0..8 {

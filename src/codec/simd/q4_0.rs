@@ -29,6 +29,24 @@ pub(crate) fn pieces<'a>(src: &'a [f32], dst: &'a mut [u8], n_per_row: usize, ro
     src.chunks(rows * n_per_row).zip(dst.chunks_mut(rows * row_bytes))
 }
 
+/// `GGML_FP32_TO_FP16` as the reference computes it without F16C (`fp32_to_fp16`: the
+/// scale-to-infinity / scale-to-zero rounding trick, round to nearest even), inline and
+/// call-free, the same bits as [`f32_to_fp16`] for every non-NaN value (NaN goes there).
+#[inline(always)]
+pub(crate) fn fp16(f: f32) -> u16 {
+    if f.is_nan() {
+        return f32_to_fp16(f);
+    }
+    let base = (f.abs() * f32::from_bits(0x7780_0000)) * f32::from_bits(0x0880_0000);
+    let w = f.to_bits();
+    let shl1_w = w.wrapping_add(w);
+    let sign = w & 0x8000_0000;
+    let bias = (shl1_w & 0xFF00_0000).max(0x7100_0000);
+    let bits = (f32::from_bits((bias >> 1) + 0x0780_0000) + base).to_bits();
+    let nonsign = ((bits >> 13) & 0x7C00) + (bits & 0x0FFF);
+    ((sign >> 16) | nonsign) as u16
+}
+
 /// `MIN(top, (int8_t)t)` stored as `uint8_t`, per lane (`t` from `cvttss2si`): the low byte
 /// b, or `top` where b as a signed byte exceeds `top` (b in `top + 1..=127`).
 #[inline(always)]
@@ -56,6 +74,7 @@ pub(crate) fn gather32<S: Simd>(s: S, v: &[f32], bases: &[i32; 16]) -> [S::F; 32
 /// `sum(x^2) * scale` over each run of `n` values of `v` (sequential within a lane, lanes
 /// = runs): the rows' `sum_x2 / n_per_row` with `scale = None`, or IQ4_XS's super-blocks'
 /// `sigma2 * (2/256)`.
+#[inline(always)]
 pub(crate) fn sums_of_squares<S: Simd>(s: S, v: &[f32], n: usize, scale: Option<f32>) -> Vec<f32> {
     let runs = v.len() / n;
     let mut out = vec![0.0f32; runs];
@@ -109,65 +128,96 @@ pub(crate) fn weights<S: Simd>(s: S, x: &[S::F; 32], qw: &[S::F; 32], sigma2: S:
     w
 }
 
+/// [`fp16`] per lane (no NaN lanes): the same integer and f32 steps, the unsigned
+/// `bias < 0x71000000` done on `bias >> 1`.
+#[inline(always)]
+pub(crate) fn fp16_lanes<S: Simd>(s: S, f: S::F) -> S::I {
+    let base = s.mul(s.mul(s.abs(f), s.from_bits(s.isplat(0x7780_0000))), s.from_bits(s.isplat(0x0880_0000)));
+    let w = s.to_bits(f);
+    let shl1_w = s.iadd(w, w);
+    let sign = s.iand(w, s.isplat(i32::MIN));
+    let half_bias = s.imax(s.shr::<1>(s.iand(shl1_w, s.isplat(0xFF00_0000u32 as i32))), s.isplat(0x3880_0000));
+    let bits = s.to_bits(s.add(s.from_bits(s.iadd(half_bias, s.isplat(0x0780_0000))), base));
+    let nonsign = s.iadd(s.iand(s.shr::<13>(bits), s.isplat(0x7C00)), s.iand(bits, s.isplat(0x0FFF)));
+    s.ior(s.shr::<16>(sign), nonsign)
+}
+
+/// The reference paths take blocks `LANES` at a time: per block the vector work and the
+/// reduction (the blocks' chains are independent and overlap), then the scales of all of
+/// them in lanes (`d`, `1/d`, the fp16 conversions), then per block the levels.
 #[inline(always)]
 fn signed_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     let (bytes, nmax): (usize, i32) = if Q5 { (q5_0::BYTES, 16) } else { (q4_0::BYTES, 8) };
     let n = BLOCK / S::LANES;
     let half = n / 2;
     let top = 2 * nmax - 1;
-    for (xb, yb) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(bytes)) {
-        let mut v = [s.splat(0.0); 4];
-        for (i, vi) in v[..n].iter_mut().enumerate() {
-            *vi = s.load(&xb[i * S::LANES..]);
+    for (xg, yg) in src.chunks(S::LANES * BLOCK).zip(dst.chunks_mut(S::LANES * bytes)) {
+        let nblk = xg.len() / BLOCK;
+        let mut max = [0.0f32; 16];
+        let mut nan = 0u32;
+        for (g, xb) in xg.chunks_exact(BLOCK).enumerate() {
+            let mut v = [s.splat(0.0); 4];
+            for (i, vi) in v[..n].iter_mut().enumerate() {
+                *vi = s.load(&xb[i * S::LANES..]);
+            }
+            let mut m = s.abs(v[0]);
+            let mut nn = s.ne(v[0], v[0]);
+            for vi in &v[1..n] {
+                let a = s.abs(*vi);
+                m = s.select(s.gt(a, m), a, m);
+                nn = s.mor(nn, s.ne(*vi, *vi));
+            }
+            if s.any(nn) {
+                nan |= 1 << g;
+                continue;
+            }
+            let amax = s.reduce_max(m);
+            // The scan starts from amax = max = 0 and takes a value only when strictly
+            // larger: the signed value at the first index holding the maximum.
+            if amax > 0.0 {
+                let a = s.splat(amax);
+                let mut bits = 0u64;
+                for (i, vi) in v[..n].iter().enumerate() {
+                    bits |= (s.mbits(s.eq(s.abs(*vi), a)) as u64) << (i * S::LANES);
+                }
+                max[g] = xb[bits.trailing_zeros() as usize];
+            }
         }
-        let mut m = s.abs(v[0]);
-        let mut nan = s.ne(v[0], v[0]);
-        for vi in &v[1..n] {
-            let a = s.abs(*vi);
-            m = s.select(s.gt(a, m), a, m);
-            nan = s.mor(nan, s.ne(*vi, *vi));
-        }
-        if s.any(nan) {
+        let zero = s.splat(0.0);
+        let d = s.div(s.load(&max), s.splat(-(nmax as f32)));
+        let mut id = [0.0f32; 16];
+        s.store(s.select(s.ne(d, zero), s.div(s.splat(1.0), d), zero), &mut id);
+        let mut dh = [0u16; 16];
+        s.store_low_u16(fp16_lanes(s, d), &mut dh);
+        for (g, (xb, yb)) in xg.chunks_exact(BLOCK).zip(yg.chunks_exact_mut(bytes)).enumerate().take(nblk) {
+            if nan & (1 << g) != 0 {
+                if Q5 {
+                    q5_0::quantize_row_ref(xb, yb)
+                } else {
+                    q4_0::quantize_row_ref(xb, yb)
+                }
+                continue;
+            }
+            yb[..2].copy_from_slice(&dh[g].to_le_bytes());
+            let (idv, off) = (s.splat(id[g]), s.splat(nmax as f32 + 0.5));
+            let mut q = [s.isplat(0); 4];
+            for i in 0..n {
+                q[i] = min_i8(s, s.cvtt(s.add(s.mul(s.load(&xb[i * S::LANES..]), idv), off)), top);
+            }
             if Q5 {
-                q5_0::quantize_row_ref(xb, yb)
+                let mut qh = 0u32;
+                for (i, qi) in q[..n].iter().enumerate() {
+                    qh |= s.mbits(s.ieq(s.iand(*qi, s.isplat(16)), s.isplat(16))) << (i * S::LANES);
+                }
+                yb[2..6].copy_from_slice(&qh.to_le_bytes());
+                for k in 0..half {
+                    let r = s.ior(s.iand(q[k], s.isplat(15)), s.shl::<4>(s.iand(q[k + half], s.isplat(15))));
+                    s.store_low_u8(r, &mut yb[6 + k * S::LANES..]);
+                }
             } else {
-                q4_0::quantize_row_ref(xb, yb)
-            }
-            continue;
-        }
-        let amax = s.reduce_max(m);
-        // The scan starts from amax = max = 0 and takes a value only when strictly larger.
-        let max = if amax > 0.0 {
-            let a = s.splat(amax);
-            let mut bits = 0u64;
-            for (i, vi) in v[..n].iter().enumerate() {
-                bits |= (s.mbits(s.eq(s.abs(*vi), a)) as u64) << (i * S::LANES);
-            }
-            xb[bits.trailing_zeros() as usize]
-        } else {
-            0.0
-        };
-        let d = max / -(nmax as f32);
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        yb[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
-        let (idv, off) = (s.splat(id), s.splat(nmax as f32 + 0.5));
-        let mut q = [s.isplat(0); 4];
-        for i in 0..n {
-            q[i] = min_i8(s, s.cvtt(s.add(s.mul(v[i], idv), off)), top);
-        }
-        if Q5 {
-            let mut qh = 0u32;
-            for (i, qi) in q[..n].iter().enumerate() {
-                qh |= s.mbits(s.ieq(s.iand(*qi, s.isplat(16)), s.isplat(16))) << (i * S::LANES);
-            }
-            yb[2..6].copy_from_slice(&qh.to_le_bytes());
-            for k in 0..half {
-                let r = s.ior(s.iand(q[k], s.isplat(15)), s.shl::<4>(s.iand(q[k + half], s.isplat(15))));
-                s.store_low_u8(r, &mut yb[6 + k * S::LANES..]);
-            }
-        } else {
-            for k in 0..half {
-                s.store_low_u8(s.ior(q[k], s.shl::<4>(q[k + half])), &mut yb[2 + k * S::LANES..]);
+                for k in 0..half {
+                    s.store_low_u8(s.ior(q[k], s.shl::<4>(q[k + half])), &mut yb[2 + k * S::LANES..]);
+                }
             }
         }
     }
@@ -259,7 +309,7 @@ fn signed_max_impl<S: Simd, const Q5: bool>(s: S, src: &[f32], n_per_row: usize,
             }
             for lane in 0..(total - first).min(S::LANES) {
                 let y = &mut dst[(first + lane) * bytes..(first + lane + 1) * bytes];
-                y[..2].copy_from_slice(&f32_to_fp16(sc[lane]).to_le_bytes());
+                y[..2].copy_from_slice(&fp16(sc[lane]).to_le_bytes());
                 if Q5 {
                     q5_0::pack5(|j| lv[j][lane] as u8, &mut y[2..]);
                 } else {
@@ -310,4 +360,53 @@ simd_entry! {
 simd_entry! {
     /// `quantize_row_q5_0_impl` over rows of `n_per_row`, one importance value per column.
     pub(crate) fn quantize_q5_0_impl(src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) -> () => q5_0_impl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp16_lanes_match_the_codec_conversion() {
+        use crate::codec::simd::Level;
+        let vals: Vec<f32> = (0..=u32::MAX).step_by(4099).map(f32::from_bits).filter(|v| !v.is_nan()).collect();
+        let want: Vec<u16> = vals.iter().map(|&v| f32_to_fp16(v)).collect();
+        #[inline(always)]
+        fn run<S: Simd>(s: S, vals: &[f32]) -> Vec<u16> {
+            let mut out = vec![0u16; vals.len() / S::LANES * S::LANES];
+            for (x, o) in vals.chunks_exact(S::LANES).zip(out.chunks_exact_mut(S::LANES)) {
+                s.store_low_u16(fp16_lanes(s, s.load(x)), o);
+            }
+            out
+        }
+        simd_entry! {
+            fn lanes(vals: &[f32]) -> Vec<u16> => run
+        }
+        for level in [Level::Avx2, Level::Avx512] {
+            if let Some(got) = lanes(level, &vals) {
+                assert!(got.iter().zip(&want).all(|(a, b)| a == b), "{level}");
+            }
+        }
+    }
+
+    #[test]
+    fn inline_fp16_matches_the_codec_conversion() {
+        let mut specials =
+            vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE, 65504.0, 65520.0, 65519.99, 6.1e-5, 5.96e-8, 2.98e-8, 2.99e-8];
+        specials.extend(specials.clone().iter().map(|v| -v));
+        for v in specials {
+            assert_eq!(fp16(v), f32_to_fp16(v), "{v:e}");
+        }
+        // Every 251st bit pattern (all exponents, mantissas in every residue) and the
+        // neighbourhood of every fp16 rounding boundary.
+        for bits in (0..=u32::MAX).step_by(251).chain((0..1u32 << 16).flat_map(|h| {
+            let t = (h << 13).wrapping_add(0x3800_0000);
+            [t.wrapping_sub(1), t, t.wrapping_add(1), t | 0x1000, (t | 0x1000) - 1, (t | 0x1000) + 1]
+        })) {
+            let v = f32::from_bits(bits);
+            if !v.is_nan() {
+                assert_eq!(fp16(v), f32_to_fp16(v), "{bits:#x}");
+            }
+        }
+    }
 }

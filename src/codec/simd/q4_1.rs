@@ -10,9 +10,9 @@
 //! ([`super::q4_0`]); lane j runs `make_qkx3_quants` (37 trial scales, a minimum that moves
 //! with the best candidate) on block j, branches as masks, sums sequential within a lane.
 
-use super::q4_0::{BLOCK, block_bases, gather32, min_i8, pieces, sums_of_squares, weights};
+use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, min_i8, pieces, sums_of_squares, weights};
 use super::x86::{Simd, iclamp, nearest_int, simd_entry};
-use crate::codec::{f32_to_fp16, q4_1, q5_0, q5_1};
+use crate::codec::{q4_1, q5_0, q5_1};
 
 /// The index of the first lane of `v[..n]` equal to `t`.
 #[inline(always)]
@@ -25,58 +25,86 @@ fn first_eq<S: Simd>(s: S, v: &[S::F], t: f32) -> usize {
     bits.trailing_zeros() as usize
 }
 
+/// `LANES` blocks at a time, as the Q4_0 reference path: per block the vector work and
+/// the reductions, then the scales of all of them in lanes, then per block the levels.
 #[inline(always)]
 fn min_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     let (bytes, top): (usize, i32) = if Q5 { (q5_1::BYTES, 31) } else { (q4_1::BYTES, 15) };
     let n = BLOCK / S::LANES;
     let half = n / 2;
     let all = if S::LANES == 32 { u32::MAX } else { (1u32 << S::LANES) - 1 };
-    for (xb, yb) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(bytes)) {
-        let mut v = [s.splat(0.0); 4];
-        let mut finite = true;
-        for (i, vi) in v[..n].iter_mut().enumerate() {
-            *vi = s.load(&xb[i * S::LANES..]);
-            finite &= s.mbits(s.le(s.abs(*vi), s.splat(f32::MAX))) == all;
+    for (xg, yg) in src.chunks(S::LANES * BLOCK).zip(dst.chunks_mut(S::LANES * bytes)) {
+        let mut lo = [0.0f32; 16];
+        let mut hi = [0.0f32; 16];
+        let mut bad = 0u32;
+        for (g, xb) in xg.chunks_exact(BLOCK).enumerate() {
+            let mut v = [s.splat(0.0); 4];
+            let mut finite = true;
+            for (i, vi) in v[..n].iter_mut().enumerate() {
+                *vi = s.load(&xb[i * S::LANES..]);
+                finite &= s.mbits(s.le(s.abs(*vi), s.splat(f32::MAX))) == all;
+            }
+            if !finite {
+                bad |= 1 << g;
+                continue;
+            }
+            let (mut a, mut b) = (v[0], v[0]);
+            for vi in &v[1..n] {
+                a = s.select(s.lt(*vi, a), *vi, a);
+                b = s.select(s.gt(*vi, b), *vi, b);
+            }
+            // Equal values found anywhere are the same bits, but for zeros: there the scan
+            // keeps the first zero's sign.
+            let (mut l, mut h) = (s.reduce_min(a), s.reduce_max(b));
+            if l == 0.0 {
+                l = xb[first_eq(s, &v[..n], l)];
+            }
+            if h == 0.0 {
+                h = xb[first_eq(s, &v[..n], h)];
+            }
+            lo[g] = l;
+            hi[g] = h;
         }
-        if !finite {
+        let zero = s.splat(0.0);
+        let lov = s.load(&lo);
+        let d = s.div(s.sub(s.load(&hi), lov), s.splat(top as f32));
+        let mut id = [0.0f32; 16];
+        s.store(s.select(s.ne(d, zero), s.div(s.splat(1.0), d), zero), &mut id);
+        let (mut dh, mut mh) = ([0u16; 16], [0u16; 16]);
+        s.store_low_u16(fp16_lanes(s, d), &mut dh);
+        s.store_low_u16(fp16_lanes(s, lov), &mut mh);
+        for (g, (xb, yb)) in xg.chunks_exact(BLOCK).zip(yg.chunks_exact_mut(bytes)).enumerate() {
+            if bad & (1 << g) != 0 {
+                if Q5 {
+                    q5_1::quantize_row_ref(xb, yb)
+                } else {
+                    q4_1::quantize_row_ref(xb, yb)
+                }
+                continue;
+            }
+            yb[..2].copy_from_slice(&dh[g].to_le_bytes());
+            yb[2..4].copy_from_slice(&mh[g].to_le_bytes());
+            let (minv, idv, half_v) = (s.splat(lo[g]), s.splat(id[g]), s.splat(0.5));
+            let mut q = [s.isplat(0); 4];
+            for i in 0..n {
+                let t = s.cvtt(s.add(s.mul(s.sub(s.load(&xb[i * S::LANES..]), minv), idv), half_v));
+                // Q5_1 casts to uint8_t without a clamp; Q4_1 takes MIN(15, (int8_t)).
+                q[i] = if Q5 { s.iand(t, s.isplat(0xFF)) } else { min_i8(s, t, top) };
+            }
             if Q5 {
-                q5_1::quantize_row_ref(xb, yb)
+                let mut qh = 0u32;
+                for (i, qi) in q[..n].iter().enumerate() {
+                    qh |= s.mbits(s.ieq(s.iand(*qi, s.isplat(16)), s.isplat(16))) << (i * S::LANES);
+                }
+                yb[4..8].copy_from_slice(&qh.to_le_bytes());
+                for k in 0..half {
+                    let r = s.ior(s.iand(q[k], s.isplat(15)), s.shl::<4>(s.iand(q[k + half], s.isplat(15))));
+                    s.store_low_u8(r, &mut yb[8 + k * S::LANES..]);
+                }
             } else {
-                q4_1::quantize_row_ref(xb, yb)
-            }
-            continue;
-        }
-        let (mut mn, mut mx) = (v[0], v[0]);
-        for vi in &v[1..n] {
-            mn = s.select(s.lt(*vi, mn), *vi, mn);
-            mx = s.select(s.gt(*vi, mx), *vi, mx);
-        }
-        let min = xb[first_eq(s, &v[..n], s.reduce_min(mn))];
-        let max = xb[first_eq(s, &v[..n], s.reduce_max(mx))];
-        let d = (max - min) / top as f32;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        yb[..2].copy_from_slice(&f32_to_fp16(d).to_le_bytes());
-        yb[2..4].copy_from_slice(&f32_to_fp16(min).to_le_bytes());
-        let (minv, idv, half_v) = (s.splat(min), s.splat(id), s.splat(0.5));
-        let mut q = [s.isplat(0); 4];
-        for i in 0..n {
-            let t = s.cvtt(s.add(s.mul(s.sub(v[i], minv), idv), half_v));
-            // Q5_1 casts to uint8_t without a clamp; Q4_1 takes MIN(15, (int8_t)).
-            q[i] = if Q5 { s.iand(t, s.isplat(0xFF)) } else { min_i8(s, t, top) };
-        }
-        if Q5 {
-            let mut qh = 0u32;
-            for (i, qi) in q[..n].iter().enumerate() {
-                qh |= s.mbits(s.ieq(s.iand(*qi, s.isplat(16)), s.isplat(16))) << (i * S::LANES);
-            }
-            yb[4..8].copy_from_slice(&qh.to_le_bytes());
-            for k in 0..half {
-                let r = s.ior(s.iand(q[k], s.isplat(15)), s.shl::<4>(s.iand(q[k + half], s.isplat(15))));
-                s.store_low_u8(r, &mut yb[8 + k * S::LANES..]);
-            }
-        } else {
-            for k in 0..half {
-                s.store_low_u8(s.ior(q[k], s.shl::<4>(q[k + half])), &mut yb[4 + k * S::LANES..]);
+                for k in 0..half {
+                    s.store_low_u8(s.ior(q[k], s.shl::<4>(q[k + half])), &mut yb[4 + k * S::LANES..]);
+                }
             }
         }
     }
@@ -183,9 +211,9 @@ fn min_max_impl<S: Simd, const Q5: bool>(s: S, src: &[f32], n_per_row: usize, qu
             }
             for lane in 0..(total - first).min(S::LANES) {
                 let y = &mut dst[(first + lane) * bytes..(first + lane + 1) * bytes];
-                y[..2].copy_from_slice(&f32_to_fp16(sc[lane]).to_le_bytes());
+                y[..2].copy_from_slice(&fp16(sc[lane]).to_le_bytes());
                 // m = -the_min = the search's min (the sign flips twice).
-                y[2..4].copy_from_slice(&f32_to_fp16(mn[lane]).to_le_bytes());
+                y[2..4].copy_from_slice(&fp16(mn[lane]).to_le_bytes());
                 if Q5 {
                     q5_0::pack5(|j| lv[j][lane] as u8, &mut y[4..]);
                 } else {
