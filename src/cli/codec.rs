@@ -17,7 +17,7 @@ enum Op {
     /// Little-endian f32 rows on stdin -> ggml blocks on stdout (bit-exact with ggml's quantize_<type>)
     Quantize {
         /// Q8_0, Q2_K, IQ2_XXS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_XS
-        #[arg(long = "type", value_parser = codec::QuantType::parse)]
+        #[arg(long = "type", value_parser = codec::QuantType::parse_any)]
         ty: codec::QuantType,
         #[arg(long, value_parser = crate::util::args::int_in::<usize>(1, 1 << 30))]
         n_per_row: usize,
