@@ -392,7 +392,7 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], l
                     break
                 nrow = min(qbatch, rows_total - done)
                 # The 32-value types also see rows of one block (the imatrix paths' sigma2 is per row).
-                n = 32 if bs == 32 and nbatch % 3 == 2 else 256
+                n = 32 if qname in LEGACY and bs == 32 and nbatch % 3 == 2 else 256
                 nbatch += 1
                 rows = random_rows(rng, dist, nrow, n)
                 cap = EXTREME_CAP.get(qtype)
@@ -418,7 +418,7 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], l
                                 print(f"  xpackfs   {got[r * rb:(r + 1) * rb].hex()}")
                 done += nrow
         counts = ", ".join(f"{lv} {mism[lv]} mismatches ({t_ours[lv]:.1f}s)" for lv in levels)
-        print(f"{qname}: {done} rows of {'256 and 32' if bs == 32 else 256} per level over {len(DISTS)} distributions, seed {seed}: {counts} {per_dist or ''}"
+        print(f"{qname}: {done} rows of {'256 and 32' if qname in LEGACY and bs == 32 else 256} per level over {len(DISTS)} distributions, seed {seed}: {counts} {per_dist or ''}"
               f"  (reference {t_ref:.1f}s; xpackfs times include process start and pipes)")
         failures += sum(mism.values())
     return 1 if failures else 0
