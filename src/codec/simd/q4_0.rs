@@ -48,12 +48,12 @@ pub(crate) fn fp16(f: f32) -> u16 {
 }
 
 /// `MIN(top, (int8_t)t)` stored as `uint8_t`, per lane (`t` from `cvttss2si`): the low byte
-/// b, or `top` where b as a signed byte exceeds `top` (b in `top + 1..=127`).
+/// sign-extended (`(b ^ 0x80) - 0x80`), then the signed minimum. Only the low byte of a lane
+/// is the result (the callers keep low bits only).
 #[inline(always)]
 pub(crate) fn min_i8<S: Simd>(s: S, t: S::I, top: i32) -> S::I {
-    let b = s.iand(t, s.isplat(0xFF));
-    let over = s.mand(s.igt(b, s.isplat(top)), s.igt(s.isplat(128), b));
-    s.iselect(over, s.isplat(top), b)
+    let sb = s.isub(s.ixor(s.iand(t, s.isplat(0xFF)), s.isplat(0x80)), s.isplat(0x80));
+    s.imin(sb, s.isplat(top))
 }
 
 /// Lane i = `v[bases[i] + k]` for k in 0..32 (element k of the block starting at
