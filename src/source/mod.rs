@@ -49,13 +49,18 @@ impl SourceError {
     }
 }
 
+/// One file of [`open_parsed`]: the file, its header and its tensors.
+pub(crate) type Parsed<H> = (Arc<SourceFile>, H, Vec<TensorInfo>);
+/// What a parser returns for one file: its header and its tensors.
+type ParseResult<H> = Result<(H, Vec<TensorInfo>), SourceError>;
+
 /// Open `paths` as source files and parse each with `parse(file, index, logical_base)`, up to
 /// eight at a time (a remote split set's headers are one round trip each: in parallel, a
 /// 24-part set opens in a few round trips' time). Results are in `paths`' order; the first
 /// error in that order is returned.
-pub(crate) fn open_parsed<H: Send, F>(paths: &[PathBuf], parse: F) -> Result<Vec<(Arc<SourceFile>, H, Vec<TensorInfo>)>, SourceError>
+pub(crate) fn open_parsed<H: Send, F>(paths: &[PathBuf], parse: F) -> Result<Vec<Parsed<H>>, SourceError>
 where
-    F: Fn(&SourceFile, usize, u64) -> Result<(H, Vec<TensorInfo>), SourceError> + Sync,
+    F: Fn(&SourceFile, usize, u64) -> ParseResult<H> + Sync,
 {
     let files: Vec<Arc<SourceFile>> = paths.iter().map(|p| SourceFile::open(p).map(Arc::new)).collect::<Result<_, _>>()?;
     let mut bases = Vec::with_capacity(files.len());
@@ -64,7 +69,7 @@ where
         bases.push(base);
         base = base.checked_add(f.size()).ok_or_else(|| SourceError::format(p, "the files' total size overflows"))?;
     }
-    let slots: Vec<parking_lot::Mutex<Option<Result<(H, Vec<TensorInfo>), SourceError>>>> = files.iter().map(|_| parking_lot::Mutex::new(None)).collect();
+    let slots: Vec<parking_lot::Mutex<Option<ParseResult<H>>>> = files.iter().map(|_| parking_lot::Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let workers = files.len().clamp(1, 8);
     std::thread::scope(|scope| {

@@ -313,7 +313,7 @@ pub fn open(path: &Path) -> Result<Source, SourceError> {
     for ((name, p), (file, header, ts)) in shard_names.iter().zip(&paths).zip(parsed) {
         for t in ts {
             if let Some(prev) = owner.insert(t.name.clone(), name.clone()) {
-                return Err(SourceError::tensor(&p, &t.name, format!("tensor also in shard {prev}")));
+                return Err(SourceError::tensor(p, &t.name, format!("tensor also in shard {prev}")));
             }
             tensors.push(t);
         }
