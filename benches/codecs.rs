@@ -1,9 +1,14 @@
 //! Codec throughput against the reference ggml, in one process, on the same rows, at
 //! every SIMD level this CPU has, on one thread and on all cores.
 //!
-//!     XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) flock /tmp/xpackfs-bench.lock cargo bench --bench codecs
+//!     XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) flock /tmp/xpackfs-bench.lock cargo bench --bench codecs [-- NAME...]
 //!
-//! `XPACKFS_BENCH_ONLY=Q6_K` times only the quantisers whose label contains it.
+//! NAME... keeps the codecs whose names contain one of them; XPACKFS_BENCH_REPS sets the
+//! repetitions, XPACKFS_BENCH_ROWS the rows of the quantiser tests (512; 32 fit in L2),
+//! XPACKFS_BENCH_CLOCK=cpu times process CPU time instead of wall time.
+//!
+//! `XPACKFS_BENCH_ONLY=Q6_K` times only the quantisers whose label contains it (and no
+//! decoders); it combines with NAME....
 //!
 //! Loads libggml-base.so (XPACKFS_GGML_LIB) with dlopen. Each repetition times every
 //! variant once in turn (ggml 1 thread, each level 1 thread, ggml all cores, each level
@@ -44,14 +49,25 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Time every variant `reps` times, interleaved; medians in seconds.
 fn interleaved(variants: &mut [Box<dyn FnMut() + '_>], reps: usize) -> Vec<f64> {
     let mut t = vec![Vec::new(); variants.len()];
+    // XPACKFS_BENCH_CLOCK=cpu: the process's CPU time instead of wall time (steadier on a
+    // shared machine; the all-core columns then add up the threads' time).
+    let cpu = std::env::var("XPACKFS_BENCH_CLOCK").is_ok_and(|v| v == "cpu");
+    let reps = std::env::var("XPACKFS_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(reps);
     for _ in 0..reps {
         for (i, f) in variants.iter_mut().enumerate() {
-            let t0 = Instant::now();
+            let (t0, c0) = (Instant::now(), process_cpu_seconds());
             f();
-            t[i].push(t0.elapsed().as_secs_f64());
+            t[i].push(if cpu { process_cpu_seconds() - c0 } else { t0.elapsed().as_secs_f64() });
         }
     }
     t.into_iter().map(median).collect()
+}
+
+fn process_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 struct Table {
@@ -110,7 +126,11 @@ fn main() {
     // `cargo bench` passes --bench; under `cargo test --all-targets` this runs as a quick
     // smoke test (debug build, tiny sizes, one repetition) instead.
     let full = std::env::args().any(|a| a == "--bench");
+    // `cargo bench --bench codecs -- IQ4 Q5_1`: only the codecs whose names contain one of these.
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     let (n, k) = if full { (512usize, 4096usize) } else { (64, 256) };
+    let n = std::env::var("XPACKFS_BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(n);
     let reps = if full { 5 } else { 1 };
     let xv = rows(n, k);
     let x: &[f32] = &xv;
@@ -130,7 +150,7 @@ fn main() {
     table.header("quantisers", "million weights/s", "ggml");
     // (label, type, the ggml symbol, importance)
     type Case<'a> = (&'a str, QuantType, &'a [u8], Option<&'a [f32]>);
-    let cases: [Case; 14] = [
+    let cases: [Case; 26] = [
         ("Q8_0", QuantType::Q8_0, b"quantize_q8_0", None),
         ("Q2_K (reference path)", QuantType::Q2K, b"quantize_q2_K", None),
         ("Q2_K (unit importance)", QuantType::Q2K, b"quantize_q2_K", Some(&unit)),
@@ -145,11 +165,23 @@ fn main() {
         ("Q5_K (imatrix)", QuantType::Q5K, b"quantize_q5_K", Some(&imat)),
         ("Q6_K (reference path)", QuantType::Q6K, b"quantize_q6_K", None),
         ("Q6_K (imatrix)", QuantType::Q6K, b"quantize_q6_K", Some(&imat)),
+        ("Q4_0 (reference path)", QuantType::Q4_0, b"quantize_q4_0", None),
+        ("Q4_0 (imatrix)", QuantType::Q4_0, b"quantize_q4_0", Some(&imat)),
+        ("Q4_1 (reference path)", QuantType::Q4_1, b"quantize_q4_1", None),
+        ("Q4_1 (imatrix)", QuantType::Q4_1, b"quantize_q4_1", Some(&imat)),
+        ("Q5_0 (reference path)", QuantType::Q5_0, b"quantize_q5_0", None),
+        ("Q5_0 (imatrix)", QuantType::Q5_0, b"quantize_q5_0", Some(&imat)),
+        ("Q5_1 (reference path)", QuantType::Q5_1, b"quantize_q5_1", None),
+        ("Q5_1 (imatrix)", QuantType::Q5_1, b"quantize_q5_1", Some(&imat)),
+        ("IQ4_NL (no importance)", QuantType::Iq4Nl, b"quantize_iq4_nl", None),
+        ("IQ4_NL (imatrix)", QuantType::Iq4Nl, b"quantize_iq4_nl", Some(&imat)),
+        ("IQ4_XS (no importance)", QuantType::Iq4Xs, b"quantize_iq4_xs", None),
+        ("IQ4_XS (imatrix)", QuantType::Iq4Xs, b"quantize_iq4_xs", Some(&imat)),
     ];
     // XPACKFS_BENCH_ONLY=Q4_K: only the quantisers whose label contains it (and no decoders).
     let only = std::env::var("XPACKFS_BENCH_ONLY").ok();
     for (name, ty, sym, imp) in cases {
-        if only.as_deref().is_some_and(|o| !name.contains(o)) {
+        if !wanted(name) || only.as_deref().is_some_and(|o| !name.contains(o)) {
             continue;
         }
         let g = ty.ggml();
@@ -195,6 +227,9 @@ fn main() {
     let x = &x[..n * k];
     table.header(&format!("decoders, {n} rows x {k}, median of {reps}"), "million values/s", "ggml");
     for name in ["Q8_0", "Q2_K", "Q4_K", "Q6_K", "IQ2_XXS", "MXFP4", "F16", "BF16"] {
+        if !wanted(name) {
+            continue;
+        }
         let ty = GgmlType::from_name(name).unwrap();
         let (bs, ts) = (ty.block_size as usize, ty.type_size as usize);
         let src: Vec<u8> = match name {
@@ -310,6 +345,9 @@ fn main() {
         ),
     ];
     for (name, job) in &jobs {
+        if !wanted(name) {
+            continue;
+        }
         let mut v: Vec<Box<dyn FnMut() + '_>> = Vec::new();
         v.push(Box::new(|| pool1.install(|| job(Level::Scalar, false))));
         for &l in &levels {

@@ -147,3 +147,54 @@ fn k_quantisers_match_ggml_bit_for_bit() {
         assert!(kinds.contains(&(t.to_string(), false)), "no golden records for {t}");
     }
 }
+
+/// The Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS records (tests/golden/*_legacy.bin, a
+/// separate small file): both paths of each, rows of 32 and of 256.
+#[test]
+fn legacy_and_iq4_quantisers_match_ggml_bit_for_bit() {
+    let records = parse(&format!("{DIR}/quantize_legacy.bin"));
+    let mut failures = Vec::new();
+    let mut kinds = std::collections::BTreeSet::new();
+    for level in simd::available() {
+        for r in &records {
+            let ty = QuantType::from_name(&r.ty).unwrap();
+            kinds.insert((r.ty.clone(), r.importance.is_some()));
+            let src: Vec<f32> = r.input.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(src.len(), r.rows * r.n_per_row);
+            let mut dst = vec![0u8; r.expected.len()];
+            codec::quantize_rows_at(level, ty, &src, r.n_per_row, r.importance.as_deref(), &mut dst).unwrap();
+            if dst != r.expected {
+                let first = dst.iter().zip(&r.expected).position(|(a, b)| a != b).unwrap();
+                failures.push(format!("{} at {level}: first differing byte {first} (row {})", r.name, first / (r.expected.len() / r.rows)));
+            }
+            let mut par = vec![0u8; r.expected.len()];
+            codec::quantize_rows_par_at(level, ty, &src, r.n_per_row, r.importance.as_deref(), &mut par).unwrap();
+            assert_eq!(par, dst, "{} at {level}: parallel driver differs", r.name);
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} records differ:\n{}", failures.len(), records.len(), failures.join("\n"));
+    for t in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"] {
+        for imp in [false, true] {
+            assert!(kinds.contains(&(t.to_string(), imp)), "no golden records for {t} (importance {imp})");
+        }
+    }
+}
+
+#[test]
+fn legacy_and_iq4_decoders_match_ggml_bit_for_bit() {
+    let records = parse(&format!("{DIR}/dequantize_legacy.bin"));
+    let mut seen = Vec::new();
+    for level in simd::available() {
+        for r in &records {
+            let ty = GgmlType::from_name(&r.ty).unwrap();
+            let mut dst = vec![0f32; r.expected.len() / 4];
+            codec::dequantize_at(level, ty, &r.input, &mut dst).unwrap();
+            let got: Vec<u8> = dst.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert!(got == r.expected, "{} at {level}: decoded values differ from the reference", r.name);
+            seen.push(r.ty.clone());
+        }
+    }
+    for t in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"] {
+        assert!(seen.iter().any(|s| s == t), "no golden decode records for {t}");
+    }
+}

@@ -381,3 +381,44 @@ fn level_names_round_trip() {
     }
     assert!(simd::available().contains(&simd::level()));
 }
+
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, each without and with importance: the adversarial
+/// rows (NaN and infinity included), rows of one 32-value block, rows of 4096 mixing them,
+/// and a partial last vector of blocks.
+#[test]
+fn legacy_and_iq4_quantisers_equal_scalar_at_every_level() {
+    let mut rng = Rng(0x5851_F42D_4C95_7F2D);
+    let adv = adversarial_rows(&mut rng);
+    let mut mixed = Vec::new();
+    for r in 0..adv.len() {
+        for j in 0..16 {
+            mixed.extend_from_slice(&adv[(r + j * 7) % adv.len()].1);
+        }
+    }
+    let random = random_rows(&mut rng, 200);
+    let imp4096 = importance(&mut rng, 4096);
+    let types = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Iq4Nl, QuantType::Iq4Xs];
+    let mut rows_checked = 0usize;
+    for level in levels() {
+        for ty in types {
+            for imp in [None, Some(&imp4096[..])] {
+                let cut = |n: usize| imp.map(|v| &v[..n]);
+                for (name, row) in &adv {
+                    same_quantisation(level, ty, row, 256, cut(256), name);
+                    if ty != QuantType::Iq4Xs {
+                        same_quantisation(level, ty, row, 32, cut(32), &format!("{name} in rows of 32"));
+                    }
+                }
+                same_quantisation(level, ty, &random, 256, cut(256), "random");
+                same_quantisation(level, ty, &mixed, 4096, cut(4096), "mixed rows of 4096");
+                same_quantisation(level, ty, &random[..256 * 3], 256, cut(256), "three rows");
+                if ty != QuantType::Iq4Xs {
+                    same_quantisation(level, ty, &random[..32 * 5], 32, cut(32), "five blocks");
+                    same_quantisation(level, ty, &random[..96 * 7], 96, cut(96), "rows of 96");
+                }
+                rows_checked += 2 * adv.len() + 200 + mixed.len() / 256 + 3;
+            }
+        }
+    }
+    eprintln!("{rows_checked} rows compared with the scalar path");
+}

@@ -8,6 +8,8 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
     python3 tools/ggml_ref.py golden [--out tests/golden]
         regenerate the golden vectors that `cargo test` checks byte for byte
     python3 tools/ggml_ref.py diff --rows 100000 [--seed 1] [--types q2_k,q2_k_imat,iq2_xxs,q8_0]
+                                  (--types legacy: the Q4_0..Q5_1 and IQ4 variants, rows of 256
+                                  and, for the 32-value types, every third batch rows of 32)
                                   [--levels scalar,avx2,avx512] [--k-rows 20000]
         randomized differential test of `xpackfs codec quantize` against the reference,
         over several distributions (adversarial ones included), at every SIMD level this
@@ -20,7 +22,8 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
 The K-quants (QUANT_K: q3_k, q4_k, q5_k, q6_k and their _imat variants) run --k-rows
 rows each (edge_rows first) and have their golden records in tests/golden/quantize_k.bin.
 
-Golden file format (little-endian), tests/golden/{quantize,dequantize,quantize_k}.bin:
+Golden file format (little-endian), tests/golden/{quantize,dequantize}{,_legacy}.bin and
+tests/golden/quantize_k.bin:
     b"XPG1", u32 record count, then per record:
     str name, str type, u32 n_per_row, u32 rows, u32 has_importance,
     bytes input, [f32 importance x n_per_row], bytes expected
@@ -65,6 +68,14 @@ QUANT_K = {
     "q6_k_imat": (T.Q6_K, "imatrix"),
 }
 QUANT.update(QUANT_K)
+# The legacy 32-value types and the IQ4 ones: quantize_<type> with imatrix NULL ("qX_Y") and
+# with one ("qX_Y_imat"). Their golden vectors are a separate, smaller file
+# (tests/golden/quantize_legacy.bin, dequantize_legacy.bin), so the files above stay as they are.
+LEGACY = {f"{t.name.lower()}{suffix}": (t, kind)
+          for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.IQ4_XS) for suffix, kind in (("", None), ("_imat", "imatrix"))}
+# quantize.bin's variants: neither the K-quants (quantize_k.bin) nor these.
+GOLDEN_QUANT = [q for q in QUANT if q not in QUANT_K]
+QUANT.update(LEGACY)
 DEQUANT = [T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ2_XXS, T.MXFP4, T.F16, T.BF16]
 
 
@@ -272,9 +283,8 @@ def golden(ref: Ggml, outdir: Path) -> None:
     rng = np.random.default_rng(20261130)
     quant = bytearray(b"XPG1\0\0\0\0")
     count = 0
-    for qname, (qtype, kind) in QUANT.items():
-        if qname in QUANT_K:
-            continue  # in quantize_k.bin (golden_k)
+    for qname in GOLDEN_QUANT:
+        qtype, kind = QUANT[qname]
         cases = [(f"{qname}/{name}", row[None, :]) for name, row in edge_rows(512)
                  # The reference aborts on IQ2_XXS rows this large (GGML_ASSERT(grid_index >= 0)).
                  if not (qtype == T.IQ2_XXS and name == "huge")]
@@ -375,6 +385,56 @@ def golden_k(ref: Ggml, outdir: Path) -> None:
     print(f"wrote {count} K-quant records ({len(out)} bytes) to {outdir / 'quantize_k.bin'}")
 
 
+def golden_legacy(ref: Ggml, outdir: Path) -> None:
+    """The LEGACY variants' golden vectors, kept small (under 150 KB): per variant one record
+    of the edge rows, 32 values each (256 for IQ4_XS; the block holding the row's largest
+    |value|), and one of a row of 64 values (256) per golden distribution (the first five
+    for IQ4_XS); and 16 decoded blocks of each type (4 of IQ4_XS)."""
+    rng = np.random.default_rng(20261201)
+    quant = bytearray(b"XPG1\0\0\0\0")
+    count = 0
+    for qname, (qtype, kind) in LEGACY.items():
+        bs = gguf.GGML_QUANT_SIZES[qtype][0]
+        n_edge, n_rand, dists = (256, 256, GOLDEN_DISTS[:5]) if bs == 256 else (32, 64, GOLDEN_DISTS)
+        edges = []
+        for _, row in edge_rows(256):
+            w = int(np.argmax(np.abs(row))) // n_edge * n_edge
+            edges.append(row[w:w + n_edge])
+        cases = [(f"{qname}/edge_rows", np.stack(edges)),
+                 (f"{qname}/random", np.concatenate([random_rows(rng, d, 1, n_rand) for d in dists]))]
+        for name, rows in cases:
+            imp = importance_for(kind, rng, rows.shape[1])
+            expected = ref.quantize(qtype, rows, imp)
+            put_str(quant, name)
+            put_str(quant, qtype.name)
+            quant += struct.pack("<III", rows.shape[1], rows.shape[0], imp is not None)
+            put_bytes(quant, rows.astype("<f4").tobytes())
+            if imp is not None:
+                quant += imp.astype("<f4").tobytes()
+            put_bytes(quant, expected)
+            count += 1
+    quant[4:8] = struct.pack("<I", count)
+    deq = bytearray(b"XPG1\0\0\0\0")
+    dcount = 0
+    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_NL, T.IQ4_XS):
+        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+        nblocks = 4 if bs == 256 else 16
+        rows = random_rows(rng, "normal", 2 if bs == 256 else 8, 2 * bs if bs == 256 else 64)
+        data = ref.quantize(qtype, rows, None)[:nblocks * ts]
+        expected = ref.dequantize(qtype, data)
+        put_str(deq, f"dequant/{qtype.name}")
+        put_str(deq, qtype.name)
+        deq += struct.pack("<III", bs, nblocks, 0)
+        put_bytes(deq, data)
+        put_bytes(deq, expected.astype("<f4").tobytes())
+        dcount += 1
+    deq[4:8] = struct.pack("<I", dcount)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "quantize_legacy.bin").write_bytes(bytes(quant))
+    (outdir / "dequantize_legacy.bin").write_bytes(bytes(deq))
+    print(f"wrote {count} quantize and {dcount} dequantize records of the legacy and IQ4 types to {outdir}")
+
+
 # ---------------------------------------------------------------- diff
 
 def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], levels: list[str], batch: int = 4096,
@@ -394,24 +454,31 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], l
         per_dist: dict[str, int] = {}
         rows_total = min(all_rows, k_rows) if qname in QUANT_K and k_rows else all_rows
         edges = np.stack([r for _, r in edge_rows(256)]) if qname in QUANT_K else None
+        nbatch = 0
+        # Smaller batches for these, so that their smaller row counts still see every
+        # distribution twice (and rows of 32 in both rounds).
+        qbatch = min(batch, max(64, rows_total // (2 * len(DISTS)))) if qname in LEGACY else batch
         while done < rows_total:
             for dist in DISTS:
                 if done >= rows_total:
                     break
-                nrow = min(batch, rows_total - done)
+                nrow = min(qbatch, rows_total - done)
                 if edges is not None:
-                    dist, rows, edges = "edge_rows", edges[:nrow], None
+                    dist, rows, edges, n = "edge_rows", edges[:nrow], None, 256
                     nrow = rows.shape[0]
                 else:
-                    rows = random_rows(rng, dist, nrow, 256)
+                    # The 32-value types also see rows of one block (the imatrix paths' sigma2 is per row).
+                    n = 32 if qname in LEGACY and bs == 32 and nbatch % 3 == 2 else 256
+                    nbatch += 1
+                    rows = random_rows(rng, dist, nrow, n)
                 cap = EXTREME_CAP.get(qtype)
                 if cap is not None:
                     rows = np.clip(rows, -cap, cap)
-                imp = importance_for(kind, rng, 256)
+                imp = importance_for(kind, rng, n)
                 t0 = time.perf_counter()
                 want = ref.quantize(qtype, rows, imp)
                 t_ref += time.perf_counter() - t0
-                rb = 256 // bs * ts
+                rb = n // bs * ts
                 for lv in levels:
                     got, dt = xpackfs_quantize(binary, qtype, rows, imp, level=lv)
                     t_ours[lv] += dt
@@ -427,7 +494,7 @@ def diff(ref: Ggml, binary: str, rows_total: int, seed: int, types: list[str], l
                                 print(f"  xpackfs   {got[r * rb:(r + 1) * rb].hex()}")
                 done += nrow
         counts = ", ".join(f"{lv} {mism[lv]} mismatches ({t_ours[lv]:.1f}s)" for lv in levels)
-        print(f"{qname}: {done} rows of 256 per level over {len(DISTS)} distributions, seed {seed}: {counts} {per_dist or ''}"
+        print(f"{qname}: {done} rows of {'256 and 32' if qname in LEGACY and bs == 32 else 256} per level over {len(DISTS)} distributions, seed {seed}: {counts} {per_dist or ''}"
               f"  (reference {t_ref:.1f}s; xpackfs times include process start and pipes)")
         failures += sum(mism.values())
     return 1 if failures else 0
@@ -492,9 +559,11 @@ def main() -> int:
     ref = Ggml(find_lib(args.lib))
     if args.mode == "golden":
         golden(ref, args.out)
+        golden_legacy(ref, args.out)
         return 0
     if args.mode == "diff":
-        return diff(ref, args.xpackfs, args.rows, args.seed, args.types.split(","), args.levels.split(","), k_rows=args.k_rows)
+        types = [t for name in args.types.split(",") for t in (list(LEGACY) if name == "legacy" else [name])]
+        return diff(ref, args.xpackfs, args.rows, args.seed, types, args.levels.split(","), k_rows=args.k_rows)
     bench(ref, args.xpackfs, args.rows if args.rows != 100_000 else 4096)
     return 0
 

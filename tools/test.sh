@@ -11,7 +11,8 @@
 #  2. the codec reference checks: the committed golden vectors must be exactly what the
 #     reference produces, and the randomized differential test (100,000 rows per
 #     quantiser variant and per SIMD level this CPU has: scalar, avx2, avx512; about 3
-#     minutes here) must find no mismatch.
+#     minutes here; 20,000 rows per variant of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS)
+#     must find no mismatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh
@@ -37,5 +38,9 @@ python3 tools/ggml_ref.py golden --out "$tmp/golden" >/dev/null
 cmp tests/golden/quantize.bin "$tmp/golden/quantize.bin"
 cmp tests/golden/dequantize.bin "$tmp/golden/dequantize.bin"
 cmp tests/golden/quantize_k.bin "$tmp/golden/quantize_k.bin"
+cmp tests/golden/quantize_legacy.bin "$tmp/golden/quantize_legacy.bin"
+cmp tests/golden/dequantize_legacy.bin "$tmp/golden/dequantize_legacy.bin"
 echo "golden vectors: identical to the reference's output"
 python3 tools/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS:-100000}" --seed "${XPACKFS_DIFF_SEED:-20261130}"
+# Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, each without and with an imatrix: 20,000 rows each.
+python3 tools/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS_LEGACY:-20000}" --seed "${XPACKFS_DIFF_SEED:-20261130}" --types legacy

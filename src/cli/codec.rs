@@ -16,8 +16,8 @@ pub struct CodecArgs {
 enum Op {
     /// Little-endian f32 rows on stdin -> ggml blocks on stdout (bit-exact with ggml's quantize_<type>)
     Quantize {
-        /// Q8_0, Q2_K, IQ2_XXS, Q3_K, Q4_K, Q5_K or Q6_K
-        #[arg(long = "type", value_parser = codec::QuantType::parse)]
+        /// Q8_0, Q2_K, IQ2_XXS, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_XS
+        #[arg(long = "type", value_parser = codec::QuantType::parse_any)]
         ty: codec::QuantType,
         #[arg(long, value_parser = crate::util::args::int_in::<usize>(1, 1 << 30))]
         n_per_row: usize,
@@ -30,7 +30,7 @@ enum Op {
     },
     /// ggml blocks on stdin -> little-endian f32 on stdout
     Dequantize {
-        /// F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4
+        /// F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS
         #[arg(long = "type")]
         ty: String,
         /// Decode 3 times in-process, print the best time in seconds to stderr, write nothing

@@ -17,12 +17,18 @@ pub mod fp8;
 pub mod ggml_type;
 pub mod iq2_tables;
 pub mod iq2_xxs;
+pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod kquants;
 pub mod kt_int8;
 pub mod mxfp4;
 pub mod q2_k;
 pub mod q3_k;
+pub mod q4_0;
+pub mod q4_1;
 pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
 pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
@@ -90,12 +96,29 @@ pub enum QuantType {
     Q4K,
     Q5K,
     Q6K,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Iq4Nl,
+    Iq4Xs,
 }
 
 impl QuantType {
-    /// For option parsing: the type named `name`, or the rule.
+    /// For option parsing: the type named `name`, or the rule. The requant recipe's types
+    /// only (IQ2_XXS, Q2_K, Q8_0); [`QuantType::parse_any`] takes every type.
     pub fn parse(name: &str) -> Result<QuantType, String> {
-        QuantType::from_name(name).ok_or_else(|| format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or Q8_0"))
+        match QuantType::from_name(name) {
+            Some(t @ (QuantType::Q8_0 | QuantType::Q2K | QuantType::Iq2Xxs)) => Ok(t),
+            _ => Err(format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0")),
+        }
+    }
+
+    /// [`QuantType::parse`] over every type xpackfs quantises to (`xpackfs codec quantize`).
+    pub fn parse_any(name: &str) -> Result<QuantType, String> {
+        QuantType::from_name(name).ok_or_else(|| {
+            format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_XS")
+        })
     }
 
     pub fn from_name(name: &str) -> Option<QuantType> {
@@ -107,6 +130,12 @@ impl QuantType {
             "Q4_K" => Some(QuantType::Q4K),
             "Q5_K" => Some(QuantType::Q5K),
             "Q6_K" => Some(QuantType::Q6K),
+            "Q4_0" => Some(QuantType::Q4_0),
+            "Q4_1" => Some(QuantType::Q4_1),
+            "Q5_0" => Some(QuantType::Q5_0),
+            "Q5_1" => Some(QuantType::Q5_1),
+            "IQ4_NL" => Some(QuantType::Iq4Nl),
+            "IQ4_XS" => Some(QuantType::Iq4Xs),
             _ => None,
         }
     }
@@ -119,6 +148,12 @@ impl QuantType {
             QuantType::Q4K => "Q4_K",
             QuantType::Q5K => "Q5_K",
             QuantType::Q6K => "Q6_K",
+            QuantType::Q4_0 => "Q4_0",
+            QuantType::Q4_1 => "Q4_1",
+            QuantType::Q5_0 => "Q5_0",
+            QuantType::Q5_1 => "Q5_1",
+            QuantType::Iq4Nl => "IQ4_NL",
+            QuantType::Iq4Xs => "IQ4_XS",
         })
         .unwrap()
     }
@@ -171,6 +206,16 @@ pub fn quantize_rows_at(
             (QuantType::Q6K, Some(w)) => simd::q6_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
             (QuantType::Q3K, None) => simd::q3_k::quantize_ref(level, src, dst).map(Ok),
             (QuantType::Q3K, Some(w)) => simd::q3_k::quantize_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q4_0, None) => simd::q4_0::quantize_q4_0_ref(level, src, dst).map(Ok),
+            (QuantType::Q4_0, Some(w)) => simd::q4_0::quantize_q4_0_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q5_0, None) => simd::q4_0::quantize_q5_0_ref(level, src, dst).map(Ok),
+            (QuantType::Q5_0, Some(w)) => simd::q4_0::quantize_q5_0_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q4_1, None) => simd::q4_1::quantize_q4_1_ref(level, src, dst).map(Ok),
+            (QuantType::Q4_1, Some(w)) => simd::q4_1::quantize_q4_1_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Q5_1, None) => simd::q4_1::quantize_q5_1_ref(level, src, dst).map(Ok),
+            (QuantType::Q5_1, Some(w)) => simd::q4_1::quantize_q5_1_impl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Iq4Nl, w) => simd::iq4_nl::quantize_nl(level, src, n_per_row, w, dst).map(Ok),
+            (QuantType::Iq4Xs, w) => simd::iq4_nl::quantize_xs(level, src, n_per_row, w, dst).map(Ok),
         };
         if let Some(r) = done {
             return r;
@@ -187,6 +232,9 @@ pub fn quantize_rows_at(
             },
             QuantType::Iq2Xxs => iq2_xxs::quantize_row(x, y, importance.ok_or(CodecError::ImportanceRequired("IQ2_XXS"))?)?,
             QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => quantize_row_k(ty, x, y, importance),
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Iq4Nl | QuantType::Iq4Xs => {
+                quantize_row_legacy(ty, x, y, importance)
+            }
         }
     }
     Ok(())
@@ -205,6 +253,24 @@ fn quantize_row_k(ty: QuantType, x: &[f32], y: &mut [u8], importance: Option<&[f
         (QuantType::Q6K, None) => q6_k::quantize_row_ref(x, y),
         (QuantType::Q6K, Some(w)) => q6_k::quantize_row_impl(x, y, w),
         _ => unreachable!("not a K-quant: {ty:?}"),
+    }
+}
+
+/// The scalar quantisers of Q4_0, Q4_1, Q5_0, Q5_1 (the `_ref` path without importance,
+/// `_impl` with), IQ4_NL and IQ4_XS (one path, `x^2` weights without importance), one row.
+fn quantize_row_legacy(ty: QuantType, x: &[f32], y: &mut [u8], importance: Option<&[f32]>) {
+    match (ty, importance) {
+        (QuantType::Q4_0, None) => q4_0::quantize_row_ref(x, y),
+        (QuantType::Q4_0, Some(w)) => q4_0::quantize_row_impl(x, y, w),
+        (QuantType::Q4_1, None) => q4_1::quantize_row_ref(x, y),
+        (QuantType::Q4_1, Some(w)) => q4_1::quantize_row_impl(x, y, w),
+        (QuantType::Q5_0, None) => q5_0::quantize_row_ref(x, y),
+        (QuantType::Q5_0, Some(w)) => q5_0::quantize_row_impl(x, y, w),
+        (QuantType::Q5_1, None) => q5_1::quantize_row_ref(x, y),
+        (QuantType::Q5_1, Some(w)) => q5_1::quantize_row_impl(x, y, w),
+        (QuantType::Iq4Nl, w) => iq4_nl::quantize_row(x, y, w),
+        (QuantType::Iq4Xs, w) => iq4_xs::quantize_row(x, y, w),
+        _ => unreachable!("not a legacy or IQ4 type"),
     }
 }
 
@@ -313,6 +379,12 @@ pub fn dequantize_scalar(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
         "Q5_K" => q5_k::dequantize(src, dst),
         "Q6_K" => q6_k::dequantize(src, dst),
         "IQ2_XXS" => iq2_xxs::dequantize(src, dst),
+        "Q4_0" => q4_0::dequantize(src, dst),
+        "Q4_1" => q4_1::dequantize(src, dst),
+        "Q5_0" => q5_0::dequantize(src, dst),
+        "Q5_1" => q5_1::dequantize(src, dst),
+        "IQ4_NL" => iq4_nl::dequantize(src, dst),
+        "IQ4_XS" => iq4_xs::dequantize(src, dst),
         "MXFP4" => mxfp4::dequantize_ggml_scalar(src, dst)?,
         other => return Err(CodecError::Shape(format!("decoding {other} is not supported"))),
     }

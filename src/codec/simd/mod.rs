@@ -22,6 +22,8 @@ pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod iq2_xxs;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod iq4_nl;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod kquants;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kt_int8;
@@ -29,6 +31,10 @@ pub(crate) mod kt_int8;
 pub(crate) mod q2_k;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q3_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod q4_0;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod q4_1;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod q4_k;
 #[cfg(target_arch = "x86_64")]
