@@ -166,7 +166,7 @@ if drop != "context_length": w.add_context_length(64)
 w.add_embedding_length(64); w.add_block_count(1); w.add_head_count(2); w.add_layer_norm_rms_eps(1e-5)
 w.add_tokenizer_model("no_vocab")
 w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), np.float32))
-w.add_tensor("blk.0.ffn_up.weight", np.zeros((64, 64), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0, raw_shape=(64, 64))
+w.add_tensor("blk.0.ffn_up.weight", np.zeros((64, 68), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
 w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 "#;
     let make = |name: &str, arch: &str, drop: &str| {
