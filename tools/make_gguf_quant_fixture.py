@@ -8,6 +8,7 @@ no vocabulary: tokenizer.ggml.model = "no_vocab") with gguf-py's GGUFWriter:
                            weights, one 2-D tensor with rows of 40 (not a multiple of 32)
   qwen3moe8-bf16.gguf      qwen3moe, 4 layers, 8 experts (2 used), GQA 4/2, q/k norms,
                            expert rows of 160, BF16 experts, F32 router
+  qwen3moe8-split-0000N-of-00003.gguf  the same model (other values) as a 3-part split set
 
 Values are Gaussian with zero blocks, constant blocks and outliers mixed in.
   python3 tools/make_gguf_quant_fixture.py OUT_DIR [--nan]   (--nan: one NaN in a BF16 row)
@@ -100,10 +101,10 @@ def llama(out, tied, mixed, nan=False):
     w.close()
 
 
-def qwen3moe(out):
+def qwen3moe(out, split=0):
     arch = "qwen3moe"
     n_layer, n_embd, n_head, n_kv, n_ff, n_exp, n_ff_exp, n_vocab = 4, 256, 4, 2, 512, 8, 160, 64
-    w = gguf.GGUFWriter(str(out), arch)
+    w = gguf.GGUFWriter(str(out), arch, split_max_tensors=split)
     common(w, arch, n_layer, n_embd, n_head, n_kv, n_ff)
     w.add_key_length(64)
     w.add_value_length(64)
@@ -142,6 +143,7 @@ def main():
     llama(out / "llama16-tied-bf16.gguf", tied=True, mixed=False)
     llama(out / "llama16-untied-mixed.gguf", tied=False, mixed=True)
     qwen3moe(out / "qwen3moe8-bf16.gguf")
+    qwen3moe(out / "qwen3moe8-split.gguf", split=20)  # qwen3moe8-split-0000N-of-00003.gguf
 
 
 if __name__ == "__main__":
