@@ -59,7 +59,7 @@ pub enum Refusal {
     Model { file: String, reason: hparams::HparamError },
     #[error("{file}: tensor {tensor}: {reason}")]
     TypeChoice { file: String, tensor: String, reason: types::TypeError },
-    #[error("{file}: ftype {ftype} needs {needs}, not built yet (xpackfs has no quantizer for it; first needed by tensor {tensor})")]
+    #[error("{file}: ftype {ftype} needs {needs}, not built yet (no quantizer in xpackfs yet; first needed by tensor {tensor})")]
     NoQuantizer { file: String, ftype: &'static str, needs: String, tensor: String },
     #[error("{file}: tensor {tensor}: requantizing from type {from} is disabled (llama-quantize's rule; -o allow_requantize=on decodes it first)")]
     Requantize { file: String, tensor: String, from: &'static str },
