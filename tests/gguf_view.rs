@@ -121,6 +121,42 @@ fn every_fixture_and_file_type_equals_llama_model_quantize() {
     eprintln!("byte-identical with llama_model_quantize: {}", checked.join(", "));
 }
 
+/// llama.cpp's type choice (`--dry-run`: logged per tensor on stderr), in the writer's order.
+fn llama_types(source: &Path, ftype: u32) -> Vec<(String, String)> {
+    let out = run_ok(peer().arg("types").arg(source).arg(ftype.to_string()));
+    let log = String::from_utf8_lossy(&out.stderr);
+    let mut types = Vec::new();
+    for line in log.lines().filter(|l| l.starts_with('[')) {
+        let name = line.split_whitespace().nth(2).unwrap().to_string();
+        let src = line.split("type =").nth(1).unwrap().split(',').next().unwrap().trim();
+        let ty = match line.rsplit_once('(') {
+            Some((_, t)) if line.contains("->") => t.trim_end_matches(')'),
+            _ => src,
+        };
+        types.push((name, ty.to_ascii_uppercase()));
+    }
+    types
+}
+
+#[test]
+fn the_type_choice_of_every_offered_file_type_equals_llama_cpps() {
+    use xpackfs::view::gguf_out::{ftype::Ftype, planned_types};
+    let mut n = 0;
+    for fx in ["llama16-tied-bf16.gguf", "llama16-untied-mixed.gguf", "qwen3moe8-bf16.gguf", "qwen3moe8-split-00001-of-00003.gguf", "llama80-gqa-bf16.gguf"] {
+        let src = xpackfs::source::Source::open(&fixtures().join(fx)).unwrap();
+        for &ftype in Ftype::OFFERED {
+            let ours: Vec<(String, String)> = planned_types(&src, ftype).unwrap().into_iter().map(|(name, t)| (name, t.to_ascii_uppercase())).collect();
+            let theirs = llama_types(&fixtures().join(fx), ftype.number());
+            assert_eq!(ours.len(), theirs.len(), "{fx} {}: tensor count", ftype.name());
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert_eq!(a, b, "{fx} {}: the view's type choice differs from llama.cpp's", ftype.name());
+            }
+            n += 1;
+        }
+    }
+    eprintln!("type choice equal to llama.cpp's for {n} fixture x file type pairs");
+}
+
 #[test]
 fn llama_cpp_loads_the_view() {
     for fx in ["llama16-tied-bf16.gguf", "qwen3moe8-bf16.gguf"] {

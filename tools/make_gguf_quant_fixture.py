@@ -9,6 +9,7 @@ no vocabulary: tokenizer.ggml.model = "no_vocab") with gguf-py's GGUFWriter:
   qwen3moe8-bf16.gguf      qwen3moe, 4 layers, 8 experts (2 used), GQA 4/2, q/k norms,
                            expert rows of 160, BF16 experts, F32 router
   qwen3moe8-split-0000N-of-00003.gguf  the same model (other values) as a 3-part split set
+  llama80-gqa-bf16.gguf    llama, 80 layers, GQA 8/2 (llama.cpp's LLM_TYPE_70B), output.weight
 
 Values are Gaussian with zero blocks, constant blocks and outliers mixed in.
   python3 tools/make_gguf_quant_fixture.py OUT_DIR [--nan]   (--nan: one NaN in a BF16 row)
@@ -67,9 +68,9 @@ def common(w, arch, n_layer, n_embd, n_head, n_kv, n_ff):
     w.add_vocab_size(64)
 
 
-def llama(out, tied, mixed, nan=False):
+def llama(out, tied, mixed, nan=False, n_layer=16, n_ff=320):
     arch = "llama"
-    n_layer, n_embd, n_head, n_kv, n_ff, n_vocab = 16, 256, 8, 2, 320, 64
+    n_embd, n_head, n_kv, n_vocab = 256, 8, 2, 64
     w = gguf.GGUFWriter(str(out), arch)
     common(w, "llama-mixed" if mixed else arch, n_layer, n_embd, n_head, n_kv, n_ff)
     wk = "f32" if mixed else "bf16"
@@ -143,7 +144,8 @@ def main():
     llama(out / "llama16-tied-bf16.gguf", tied=True, mixed=False)
     llama(out / "llama16-untied-mixed.gguf", tied=False, mixed=True)
     qwen3moe(out / "qwen3moe8-bf16.gguf")
-    qwen3moe(out / "qwen3moe8-split.gguf", split=20)  # qwen3moe8-split-0000N-of-00003.gguf
+    qwen3moe(out / "qwen3moe8-split.gguf", split=20)
+    llama(out / "llama80-gqa-bf16.gguf", tied=False, mixed=False, n_layer=80, n_ff=256)  # the 70B rules  # qwen3moe8-split-0000N-of-00003.gguf
 
 
 if __name__ == "__main__":

@@ -347,8 +347,8 @@ pub fn load(meta: &BTreeMap<String, MetaValue>) -> Result<Model, HparamError> {
         return Err(HparamError::Assert("hparams.rope_scaling_type_train != LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED"));
     }
     let (h0, kv0) = (n_head[0], n_head_kv[0]);
-    if h0 > 0 {
-        let head_k = kv.u32(&kv.key("attention.key_length"), false)?.unwrap_or(n_embd / h0);
+    if let Some(default_head) = n_embd.checked_div(h0) {
+        let head_k = kv.u32(&kv.key("attention.key_length"), false)?.unwrap_or(default_head);
         let n_rot = kv.u32(&kv.key("rope.dimension_count"), false)?.unwrap_or(head_k);
         if arch == "llama" && n_rot != head_k {
             return Err(HparamError::Other(format!("invalid n_rot: {n_rot}, expected {head_k}")));
@@ -361,7 +361,7 @@ pub fn load(meta: &BTreeMap<String, MetaValue>) -> Result<Model, HparamError> {
     }
     let n_layer = n_layer_all - n_nextn;
     let is_70b = arch == "llama" && n_expert != 8 && n_layer == 80 && h0 != kv0;
-    Ok(Model { n_layer_all, n_expert, n_gqa: if kv0 == 0 { 0 } else { h0 / kv0 }, is_70b, is_falcon: arch == "falcon", arch })
+    Ok(Model { n_layer_all, n_expert, n_gqa: h0.checked_div(kv0).unwrap_or(0), is_70b, is_falcon: arch == "falcon", arch })
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use self::ftype::Ftype;
 use self::layout::OutTensor;
 use super::tiered::Tiered;
 use super::{Extent, ROOT_INO, Tree, ViewError, VirtualFile};
+use crate::codec::GgmlType;
 use crate::source::Source;
 use crate::store::KeyBuilder;
 use crate::store::disk::source_file_keys;
@@ -124,6 +125,31 @@ fn verify_file(path: &Path, name: &str, size: u64) -> Result<(), ViewError> {
     Ok(())
 }
 
+/// Each tensor in the writer's order, with its source type and the type llama-quantize
+/// writes it with (`llama_tensor_get_type` over every tensor, counters included).
+fn choose_types(source: &Source, model: &hparams::Model, ftype: Ftype, file: &str) -> Result<Vec<(usize, GgmlType, GgmlType)>, Refusal> {
+    let mut order: Vec<usize> = (0..source.tensors.len()).collect();
+    order.sort_by(|&a, &b| layout::order_key(&source.tensors[a].name).cmp(&layout::order_key(&source.tensors[b].name)));
+    let mut state = types::State::new(model, ftype, order.iter().map(|&i| source.tensors[i].name.as_str()));
+    let mut planned = Vec::with_capacity(order.len());
+    for &i in &order {
+        let t = &source.tensors[i];
+        let cur = t.dtype.ggml().ok_or_else(|| Refusal::NotGguf { file: file.to_string() })?;
+        let new = state.choose(&t.name, &t.shape, cur).map_err(|reason| Refusal::TypeChoice { file: file.to_string(), tensor: t.name.clone(), reason })?;
+        planned.push((i, cur, new));
+    }
+    Ok(planned)
+}
+
+/// The type choice alone, for any offered file type (also those the view cannot build yet):
+/// each tensor's name and output type, in the writer's order.
+pub fn planned_types(source: &Source, ftype: Ftype) -> Result<Vec<(String, &'static str)>, ViewError> {
+    let first = source.files.first().map(|f| f.path().display().to_string()).unwrap_or_default();
+    let meta = source.gguf().ok_or_else(|| Refusal::NotGguf { file: first.clone() })?;
+    let model = hparams::load(meta.metadata()).map_err(|reason| Refusal::Model { file: first.clone(), reason })?;
+    Ok(choose_types(source, &model, ftype, &first)?.into_iter().map(|(i, _, new)| (source.tensors[i].name.clone(), new.name)).collect())
+}
+
 /// The output file of `source` at `ftype`.
 pub fn build_file(source: &Source, ftype: Ftype, allow_requantize: bool, tiers: &std::sync::Arc<super::Tiers>) -> Result<VirtualFile, ViewError> {
     let first = source.files.first().map(|f| f.path().display().to_string()).unwrap_or_default();
@@ -131,17 +157,8 @@ pub fn build_file(source: &Source, ftype: Ftype, allow_requantize: bool, tiers: 
     let meta = source.gguf().ok_or_else(|| Refusal::NotGguf { file: file() })?;
     let model = hparams::load(meta.metadata()).map_err(|reason| Refusal::Model { file: file(), reason })?;
 
-    let mut order: Vec<usize> = (0..source.tensors.len()).collect();
-    order.sort_by(|&a, &b| layout::order_key(&source.tensors[a].name).cmp(&layout::order_key(&source.tensors[b].name)));
-    let mut state = types::State::new(&model, ftype, order.iter().map(|&i| source.tensors[i].name.as_str()));
-    let mut planned = Vec::with_capacity(order.len());
+    let planned = choose_types(source, &model, ftype, &first)?;
     let mut missing: Vec<(&'static str, String)> = Vec::new();
-    for &i in &order {
-        let t = &source.tensors[i];
-        let cur = t.dtype.ggml().ok_or_else(|| Refusal::NotGguf { file: file() })?;
-        let new = state.choose(&t.name, &t.shape, cur).map_err(|reason| Refusal::TypeChoice { file: file(), tensor: t.name.clone(), reason })?;
-        planned.push((i, cur, new));
-    }
     let mut out_tensors = Vec::with_capacity(planned.len());
     let mut encoders = Vec::with_capacity(planned.len());
     for &(i, cur, new) in &planned {
