@@ -127,7 +127,7 @@ fn llama_types(source: &Path, ftype: u32) -> Vec<(String, String)> {
     let log = String::from_utf8_lossy(&out.stderr);
     let mut types = Vec::new();
     for line in log.lines().filter(|l| l.starts_with('[')) {
-        let name = line.split_whitespace().nth(2).unwrap().to_string();
+        let name = line.split_once(']').unwrap().1.split_whitespace().next().unwrap().to_string();
         let src = line.split("type =").nth(1).unwrap().split(',').next().unwrap().trim();
         let ty = match line.rsplit_once('(') {
             Some((_, t)) if line.contains("->") => t.trim_end_matches(')'),
