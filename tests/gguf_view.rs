@@ -201,10 +201,13 @@ import sys, numpy as np, gguf
 out, arch, drop = sys.argv[1], sys.argv[2], sys.argv[3]
 w = gguf.GGUFWriter(out, arch)
 if drop != "context_length": w.add_context_length(64)
+if drop == "align64": w.add_uint32("general.alignment", 64); w.data_alignment = 64
 w.add_embedding_length(64); w.add_block_count(1); w.add_head_count(2); w.add_layer_norm_rms_eps(1e-5)
 w.add_tokenizer_model("no_vocab")
 w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), np.float32))
-w.add_tensor("blk.0.ffn_up.weight", np.zeros((64, 68), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+q = np.random.default_rng(1).integers(0, 256, (64, 68), dtype=np.uint8)
+q[:, 0::34] = 0x00; q[:, 1::34] = 0x20  # fp16 scales of 2**-7
+w.add_tensor("blk.0.ffn_up.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
 w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 "#;
     let make = |name: &str, arch: &str, drop: &str| {
@@ -221,7 +224,17 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
     let e = build(&c, &["view=gguf", "ftype=F16"]).unwrap_err().to_string();
     assert!(e.contains("tensor blk.0.ffn_up.weight") && e.contains("requantizing from type Q8_0 is disabled"), "{e}");
     let built = build(&c, &["view=gguf", "ftype=F16", "allow_requantize=on"]).unwrap();
-    read_view(&built).unwrap();
+    let (_, got) = read_view(&built).unwrap();
+    let out = dir.path().join("c-f16.gguf");
+    run_ok(peer().arg("quantize").arg(&c).arg(&out).arg("1").arg("1").arg("--allow-requantize"));
+    assert_same("Q8_0 tensor decoded to F16 (allow_requantize)", &got, &std::fs::read(&out).unwrap());
+    // A source with general.alignment = 64: the KV is copied, the data stays aligned to 32
+    // (llama.cpp's writer never reads the copied key), as llama_model_quantize writes it.
+    let d = make("d.gguf", "llama", "align64");
+    let (_, got) = read_view(&build(&d, &["view=gguf", "ftype=Q8_0", "allow_requantize=on"]).unwrap()).unwrap();
+    let out = dir.path().join("d-q8.gguf");
+    run_ok(peer().arg("quantize").arg(&d).arg(&out).arg("7").arg("1").arg("--allow-requantize"));
+    assert_same("general.alignment 64 source", &got, &std::fs::read(&out).unwrap());
 }
 
 #[test]
