@@ -34,7 +34,8 @@ use crate::store::disk::source_file_keys;
 
 const VIEW: &str = "gguf";
 
-/// The llama.cpp commit vendored by llama-cpp-python 0.3.36, whose rules this view follows.
+/// The llama.cpp commit vendored by llama-cpp-python 0.3.36, whose rules this view follows
+/// (the sdist's CHANGELOG.md, section 0.3.36: "update llama.cpp to ggml-org/llama.cpp@0c1e57098").
 pub const LLAMA_CPP_COMMIT: &str = "0c1e57098";
 
 /// The view's options.
