@@ -19,6 +19,11 @@ bash tools/deps.sh
 XPACKFS_GGML_LIB="${XPACKFS_GGML_LIB:-$(bash tools/build_ggml_ref.sh)}"
 export XPACKFS_GGML_LIB
 echo "reference ggml: $XPACKFS_GGML_LIB"
+# llama-cpp-python 0.3.36 (llama_model_quantize, the gguf view's peer): compiled from its sdist
+# once into a cache (about 20 minutes on 2 cores, not in requirements.txt for that reason);
+# tests/gguf_view.rs finds it through this same script.
+XPACKFS_LLAMA_CPP="$(bash tools/llama_cpp_peer.sh)"
+echo "llama-cpp-python: ${XPACKFS_LLAMA_CPP:-on the Python path}"
 if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add clippy; fi
 if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add rustfmt; fi
 cargo fmt --check

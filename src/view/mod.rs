@@ -13,6 +13,7 @@
 pub mod bf16_cache;
 pub mod derived;
 pub mod expert_pack;
+pub mod gguf_out;
 pub mod imatrix;
 pub mod kimi_pack;
 pub mod kt_int8;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Tiers, Tree, ViewError, bf16_cache, expert_pack, kimi_pack, kt_int8, requant};
+use super::{Tiers, Tree, ViewError, bf16_cache, expert_pack, gguf_out, kimi_pack, kt_int8, requant};
 use crate::digest::DigestStore;
 use crate::source::{Source, SourceFile};
 use crate::util::args::{int_in, plain_file_name};
@@ -27,6 +27,7 @@ pub static VIEWS: &[&dyn View] = &[
     &bf16_cache::Bf16CacheView,
     &requant::RequantView,
     &kt_int8::KtInt8View,
+    &gguf_out::GgufView,
 ];
 
 /// What every view provides.
@@ -84,6 +85,8 @@ pub struct ViewOptions {
     pub requant: requant::Options,
     #[command(flatten)]
     pub kt_int8: kt_int8::Options,
+    #[command(flatten)]
+    pub gguf_out: gguf_out::Options,
 }
 
 impl Default for ViewOptions {

@@ -1,0 +1,247 @@
+//! The GGUF output view (`view=gguf,ftype=...`) against llama.cpp itself: for each fixture
+//! of tools/make_gguf_quant_fixture.py and each file type the view can build today, the
+//! view's file (read through the library, and once through a real mount) equals
+//! `llama_model_quantize`'s output through llama-cpp-python 0.3.36 byte for byte
+//! (tools/llama_quantize_peer.py; tools/llama_cpp_peer.sh builds the package once into a
+//! cache), and llama.cpp loads the view's file. File types that need a quantizer xpackfs
+//! does not have yet are refused at mount, naming it; a NaN in a row fails the reads of
+//! that tensor, as it fails llama-quantize.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::*;
+use xpackfs::view::{self, Context, Input, Purpose, ViewOptions};
+
+/// The fixtures, written once per test binary.
+fn fixtures() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        run_ok(python().arg(repo().join("tools/make_gguf_quant_fixture.py")).arg(d.path()));
+        run_ok(python().arg(repo().join("tools/make_gguf_quant_fixture.py")).arg(d.path()).arg("--nan"));
+        d
+    })
+    .path()
+}
+
+/// The Python command with llama-cpp-python 0.3.36 importable (built once into a cache).
+fn peer() -> std::process::Command {
+    static PATH: OnceLock<String> = OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        let out = run_ok(std::process::Command::new("bash").arg(repo().join("tools/llama_cpp_peer.sh")));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    });
+    let mut cmd = python();
+    cmd.arg(repo().join("tools/llama_quantize_peer.py"));
+    if !path.is_empty() {
+        cmd.env("XPACKFS_LLAMA_CPP", path);
+    }
+    cmd
+}
+
+/// `llama_model_quantize(source, out, ftype)` with `nthread` threads, its bytes.
+fn llama_quantize(source: &Path, ftype: u32, nthread: u32) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.gguf");
+    run_ok(peer().arg("quantize").arg(source).arg(&out).arg(ftype.to_string()).arg(nthread.to_string()));
+    std::fs::read(out).unwrap()
+}
+
+fn options(opts: &[&str], store: &Path) -> ViewOptions {
+    use clap::{Args, FromArgMatches};
+    let mut args = vec!["gguf-test".to_string()];
+    args.extend(opts.iter().map(|o| {
+        let (k, v) = o.split_once('=').unwrap();
+        format!("--{}={v}", k.replace('_', "-"))
+    }));
+    args.push(format!("--digest-store={}", store.display()));
+    let m = ViewOptions::augment_args(clap::Command::new("t")).try_get_matches_from(args).unwrap();
+    ViewOptions::from_arg_matches(&m).unwrap()
+}
+
+fn build(source: &Path, opts: &[&str]) -> Result<view::Built, view::ViewError> {
+    let store = tempfile::tempdir().unwrap();
+    let opts = options(opts, store.path());
+    let ctx = Context::new(Purpose::Mount, PathBuf::from("/nonexistent"), "gguf-test".into(), &opts).unwrap();
+    view::build(Input::open(source).unwrap(), &opts, &ctx)
+}
+
+/// The view's one file, read through `read_at` in uneven pieces.
+fn read_view(built: &view::Built) -> Result<(String, Vec<u8>), view::ViewError> {
+    let files = built.tree.files();
+    assert_eq!(files.len(), 1, "one file: {:?}", files.iter().map(|f| &f.0).collect::<Vec<_>>());
+    let (name, f) = &files[0];
+    let mut bytes = Vec::with_capacity(f.size() as usize);
+    let mut buf = vec![0u8; 333_333];
+    loop {
+        let n = f.read_at(bytes.len() as u64, &mut buf, xpackfs::store::ReadCtx::CLIENT)?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(bytes.len() as u64, f.size(), "{name}: short");
+    Ok((name.clone(), bytes))
+}
+
+fn assert_same(what: &str, got: &[u8], want: &[u8]) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: the view ({} bytes) differs from llama_model_quantize ({} bytes) first at byte {at}", got.len(), want.len());
+    }
+}
+
+const FIXTURES: &[&str] = &["llama16-tied-bf16.gguf", "llama16-untied-mixed.gguf", "qwen3moe8-bf16.gguf", "qwen3moe8-split-00002-of-00003.gguf"];
+/// The file types buildable with today's quantizers: (name, llama_ftype).
+const FTYPES: &[(&str, u32)] = &[("Q8_0", 7), ("F16", 1), ("BF16", 32), ("F32", 0)];
+
+#[test]
+fn every_fixture_and_file_type_equals_llama_model_quantize() {
+    let mut checked = Vec::new();
+    for fx in FIXTURES {
+        let src = fixtures().join(fx);
+        for &(ftype, number) in FTYPES {
+            let built = build(&src, &["view=gguf", &format!("ftype={ftype}")]).unwrap_or_else(|e| panic!("{fx} {ftype}: {e}"));
+            let (name, got) = read_view(&built).unwrap_or_else(|e| panic!("{fx} {ftype}: {e}"));
+            let stem = fx.trim_end_matches(".gguf").trim_end_matches("-00002-of-00003");
+            assert_eq!(name, format!("{stem}-{ftype}.gguf"));
+            // llama.cpp opens a split set by its first part (the view by any part).
+            let want = llama_quantize(&fixtures().join(fx.replace("-00002-", "-00001-")), number, 1);
+            assert_same(&format!("{fx} {ftype}"), &got, &want);
+            checked.push(format!("{fx}:{ftype}"));
+        }
+    }
+    // More threads in llama.cpp give the same bytes (rows are quantized independently).
+    let src = fixtures().join("qwen3moe8-bf16.gguf");
+    let (_, got) = read_view(&build(&src, &["view=gguf", "ftype=Q8_0"]).unwrap()).unwrap();
+    assert_same("qwen3moe8 Q8_0, 4 threads", &got, &llama_quantize(&src, 7, 4));
+    eprintln!("byte-identical with llama_model_quantize: {}", checked.join(", "));
+}
+
+/// llama.cpp's type choice (`--dry-run`: logged per tensor on stderr), in the writer's order.
+fn llama_types(source: &Path, ftype: u32) -> Vec<(String, String)> {
+    let out = run_ok(peer().arg("types").arg(source).arg(ftype.to_string()));
+    let log = String::from_utf8_lossy(&out.stderr);
+    let mut types = Vec::new();
+    for line in log.lines().filter(|l| l.starts_with('[')) {
+        let name = line.split_once(']').unwrap().1.split_whitespace().next().unwrap().to_string();
+        let src = line.split("type =").nth(1).unwrap().split(',').next().unwrap().trim();
+        let ty = match line.rsplit_once('(') {
+            Some((_, t)) if line.contains("->") => t.trim_end_matches(')'),
+            _ => src,
+        };
+        types.push((name, ty.to_ascii_uppercase()));
+    }
+    types
+}
+
+#[test]
+fn the_type_choice_of_every_offered_file_type_equals_llama_cpps() {
+    use xpackfs::view::gguf_out::{ftype::Ftype, planned_types};
+    let mut n = 0;
+    for fx in ["llama16-tied-bf16.gguf", "llama16-untied-mixed.gguf", "qwen3moe8-bf16.gguf", "qwen3moe8-split-00001-of-00003.gguf", "llama80-gqa-bf16.gguf"] {
+        let src = xpackfs::source::Source::open(&fixtures().join(fx)).unwrap();
+        for &ftype in Ftype::OFFERED {
+            let ours: Vec<(String, String)> = planned_types(&src, ftype).unwrap().into_iter().map(|(name, t)| (name, t.to_ascii_uppercase())).collect();
+            let theirs = llama_types(&fixtures().join(fx), ftype.number());
+            assert_eq!(ours.len(), theirs.len(), "{fx} {}: tensor count", ftype.name());
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert_eq!(a, b, "{fx} {}: the view's type choice differs from llama.cpp's", ftype.name());
+            }
+            n += 1;
+        }
+    }
+    eprintln!("type choice equal to llama.cpp's for {n} fixture x file type pairs");
+}
+
+#[test]
+fn llama_cpp_loads_the_view() {
+    for fx in ["llama16-tied-bf16.gguf", "qwen3moe8-bf16.gguf"] {
+        let built = build(&fixtures().join(fx), &["view=gguf", "ftype=Q8_0"]).unwrap();
+        let (name, bytes) = read_view(&built).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        run_ok(peer().arg("load").arg(&path));
+    }
+}
+
+#[test]
+fn file_types_without_a_quantizer_are_refused_naming_it() {
+    let src = fixtures().join("llama16-tied-bf16.gguf");
+    for (ftype, needs) in [("Q4_K_M", "Q4_K"), ("Q2_K", "Q3_K"), ("Q6_K", "Q6_K"), ("IQ4_XS", "IQ4_XS")] {
+        let e = build(&src, &["view=gguf", &format!("ftype={ftype}")]).unwrap_err().to_string();
+        assert!(e.contains(&format!("ftype {ftype} needs")) && e.contains(needs) && e.contains("not built yet") && e.contains("tensor "), "{ftype}: {e}");
+        assert!(e.contains("llama16-tied-bf16.gguf"), "names the file: {e}");
+    }
+    let e = build(&src, &["view=gguf"]).unwrap_err().to_string();
+    assert!(e.contains("ftype"), "{e}");
+}
+
+#[test]
+fn a_nan_fails_the_reads_of_its_tensor_as_it_fails_llama_quantize() {
+    let src = fixtures().join("llama16-nan-bf16.gguf");
+    let built = build(&src, &["view=gguf", "ftype=Q8_0"]).unwrap();
+    let e = read_view(&built).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("blk.3.ffn_down.weight"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = peer().arg("quantize").arg(&src).arg(dir.path().join("o.gguf")).arg("7").output().unwrap();
+    assert!(!out.status.success(), "llama_model_quantize refuses it too");
+}
+
+#[test]
+fn bad_models_are_refused_with_llama_cpps_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys, numpy as np, gguf
+out, arch, drop = sys.argv[1], sys.argv[2], sys.argv[3]
+w = gguf.GGUFWriter(out, arch)
+if drop != "context_length": w.add_context_length(64)
+if drop == "align64": w.add_uint32("general.alignment", 64); w.data_alignment = 64
+w.add_embedding_length(64); w.add_block_count(1); w.add_head_count(2); w.add_layer_norm_rms_eps(1e-5)
+w.add_tokenizer_model("no_vocab")
+w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), np.float32))
+q = np.random.default_rng(1).integers(0, 256, (64, 68), dtype=np.uint8)
+q[:, 0::34] = 0x00; q[:, 1::34] = 0x20  # fp16 scales of 2**-7
+w.add_tensor("blk.0.ffn_up.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+"#;
+    let make = |name: &str, arch: &str, drop: &str| {
+        let p = dir.path().join(name);
+        run_ok(python().arg("-c").arg(script).arg(&p).arg(arch).arg(drop));
+        p
+    };
+    let e = build(&make("a.gguf", "nosucharch", "-"), &["view=gguf", "ftype=Q8_0"]).unwrap_err().to_string();
+    assert!(e.contains("unknown model architecture: 'nosucharch'") && e.contains("a.gguf"), "{e}");
+    let e = build(&make("b.gguf", "llama", "context_length"), &["view=gguf", "ftype=Q8_0"]).unwrap_err().to_string();
+    assert!(e.contains("key not found in model: llama.context_length"), "{e}");
+    // An already quantized tensor: refused unless allow_requantize (then decoded first).
+    let c = make("c.gguf", "llama", "-");
+    let e = build(&c, &["view=gguf", "ftype=F16"]).unwrap_err().to_string();
+    assert!(e.contains("tensor blk.0.ffn_up.weight") && e.contains("requantizing from type Q8_0 is disabled"), "{e}");
+    let built = build(&c, &["view=gguf", "ftype=F16", "allow_requantize=on"]).unwrap();
+    let (_, got) = read_view(&built).unwrap();
+    let out = dir.path().join("c-f16.gguf");
+    run_ok(peer().arg("quantize").arg(&c).arg(&out).arg("1").arg("1").arg("--allow-requantize"));
+    assert_same("Q8_0 tensor decoded to F16 (allow_requantize)", &got, &std::fs::read(&out).unwrap());
+    // A source with general.alignment = 64: the KV is copied, the data stays aligned to 32
+    // (llama.cpp's writer never reads the copied key), as llama_model_quantize writes it.
+    let d = make("d.gguf", "llama", "align64");
+    let (_, got) = read_view(&build(&d, &["view=gguf", "ftype=Q8_0", "allow_requantize=on"]).unwrap()).unwrap();
+    let out = dir.path().join("d-q8.gguf");
+    run_ok(peer().arg("quantize").arg(&d).arg(&out).arg("7").arg("1").arg("--allow-requantize"));
+    assert_same("general.alignment 64 source", &got, &std::fs::read(&out).unwrap());
+}
+
+#[test]
+fn mounted_file_equals_llama_model_quantize() {
+    let src = fixtures().join("qwen3moe8-bf16.gguf");
+    let m = Mount::new(&src, &["view=gguf", "ftype=Q8_0", "cache_mb=1"]);
+    let got = std::fs::read(m.path("qwen3moe8-bf16-Q8_0.gguf")).unwrap();
+    assert_same("mounted qwen3moe8 Q8_0", &got, &llama_quantize(&src, 7, 2));
+    m.unmount();
+}
