@@ -4,14 +4,13 @@
 #  0. rustfmt (rustfmt.toml) of the crate and the fuzz crate, then clippy on every target with warnings as errors (and every unsafe block documented),
 #  1. every Rust test (unit tests, golden vectors, integration tests that mount for real
 #     and compare with the seeds and Python peers; as root with /dev/fuse),
-#  1b. the remote-source test servers checked with the clients they stand in for
-#     (huggingface_hub for the Hub stand-in, a raw client for the fault proxy),
 #  1b. the remote-source test servers, checked with the clients they stand in for
 #     (huggingface_hub for the Hub stand-in, a raw client for the fault proxy),
 #  2. the codec reference checks: the committed golden vectors must be exactly what the
 #     reference produces, and the randomized differential test (100,000 rows per
 #     quantiser variant and per SIMD level this CPU has: scalar, avx2, avx512; about 3
-#     minutes here; 20,000 rows per variant of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS)
+#     minutes here; 20,000 rows per variant of Q3_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and
+#     IQ4_XS)
 #     must find no mismatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
