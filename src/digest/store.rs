@@ -36,10 +36,14 @@ pub struct DigestStore {
 }
 
 impl DigestStore {
-    /// `$XPACKFS_DIGEST_STORE`, else `/var/lib/xpackfs/digests` for root, else
-    /// `$XDG_CACHE_HOME/xpackfs/digests` (or `~/.cache/xpackfs/digests`).
+    /// `$XPACKFS_DIGEST_STORE` (`none` or `off`: no store, as for the option), else
+    /// `/var/lib/xpackfs/digests` for root, else `$XDG_CACHE_HOME/xpackfs/digests` (or
+    /// `~/.cache/xpackfs/digests`).
     pub fn default_dir() -> Option<PathBuf> {
         if let Some(p) = std::env::var_os("XPACKFS_DIGEST_STORE") {
+            if p == "none" || p == "off" {
+                return None;
+            }
             return Some(PathBuf::from(p));
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
