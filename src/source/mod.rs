@@ -52,9 +52,9 @@ impl SourceError {
 /// One opened and parsed file: the file, its header, its tensors.
 pub(crate) type Parsed<H> = (Arc<SourceFile>, H, Vec<TensorInfo>);
 
-/// Open `paths` as source files and parse each with `parse(file, index, logical_base)`, up to
-/// eight at a time (a remote split set's headers are one round trip each: in parallel, a
-/// 24-part set opens in a few round trips' time). Results are in `paths`' order; the first
+/// Open `paths` as source files and parse each with `parse(file, index, logical_base)`: for
+/// remote files up to eight at a time (a remote split set's headers are one round trip
+/// each: in parallel, a 24-part set opens in a few round trips' time), local ones in turn. Results are in `paths`' order; the first
 /// error in that order is returned.
 pub(crate) fn open_parsed<H: Send, F>(paths: &[PathBuf], parse: F) -> Result<Vec<Parsed<H>>, SourceError>
 where
@@ -70,7 +70,15 @@ where
     type Slot<H> = parking_lot::Mutex<Option<Result<(H, Vec<TensorInfo>), SourceError>>>;
     let slots: Vec<Slot<H>> = files.iter().map(|_| parking_lot::Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = files.len().clamp(1, 8);
+    // Local files parse at disk speed: threads only pay for remote ones (round trips).
+    let workers = if files.iter().any(|f| f.is_remote()) { files.len().clamp(1, 8) } else { 1 };
+    if workers == 1 {
+        for ((f, slot), &b) in files.iter().zip(&slots).zip(&bases) {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *slot.lock() = Some(parse(f, i, b));
+        }
+    }
+    let workers = if workers == 1 { 0 } else { workers };
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
