@@ -470,3 +470,74 @@ fn an_azure_blob_source_through_azurite_equals_the_local_one() {
     let got = materialize(&env, &format!("az://{}/m/sample-moe.gguf", az.get("container")), &[]);
     assert_same_views(want.path(), got.path(), "expert-pack of an Azure blob");
 }
+
+/// `validate-int8` of `root` with `env`: exit status, stdout as JSON (or Null), stderr.
+fn validate_int8(env: &[(&str, String)], root: &str) -> (bool, Value, String) {
+    let o = xpackfs(env, &["validate-int8", root, "--verify-hashes"]);
+    let out = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (o.status.success(), out, String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn an_int8_tree_in_s3_validates_and_mounts_as_the_local_tree_does() {
+    // An INT8 tree (the kt-int8 view of an HF MoE, materialized), then the same tree with one
+    // byte of one file flipped, and one with a file missing: uploaded side by side.
+    let fx = tmp();
+    let p = fx.path();
+    run_ok(python().arg(repo().join("tools/make_hf_moe_fixture.py")).arg(p.join("hf")));
+    let good = materialize(&[], p.join("hf").to_str().unwrap(), &["--view=kt-int8", "--numa-count=2"]);
+    let trees = p.join("trees");
+    let copy = |name: &str| {
+        let dst = trees.join(name);
+        for f in tree_files(good.path()) {
+            std::fs::create_dir_all(dst.join(&f).parent().unwrap()).unwrap();
+            std::fs::copy(good.path().join(&f), dst.join(&f)).unwrap();
+        }
+        dst
+    };
+    let local_good = copy("good");
+    let flipped = copy("flipped");
+    let victim = tree_files(&flipped).into_iter().find(|f| f.ends_with("_quant_.kt")).unwrap();
+    let mut bytes = std::fs::read(flipped.join(&victim)).unwrap();
+    bytes[7] ^= 1;
+    std::fs::write(flipped.join(&victim), bytes).unwrap();
+    let missing = copy("missing");
+    std::fs::remove_file(missing.join(&victim)).unwrap();
+    let upload = format!("{}=t", trees.display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "int8", "--upload", &upload]);
+    let env = s3_env(&s3);
+
+    // The same verdict as on local disk, hashes verified, for a tree named with and without
+    // the trailing slash.
+    let (ok, local, err) = validate_int8(&[], local_good.to_str().unwrap());
+    assert!(ok, "local: {err}");
+    for url in ["s3://int8/t/good/", "s3://int8/t/good"] {
+        let (ok, remote, err) = validate_int8(&env, url);
+        assert!(ok, "{url}: {err}");
+        for k in ["schema_version", "layout", "layer_indices", "file_count", "size_bytes"] {
+            assert_eq!(remote[k], local[k], "{url}: {k}");
+        }
+        assert!(remote["root"].as_str().unwrap().starts_with("s3://int8/t/good"), "{remote}");
+    }
+    // The faults, with the local validator's message but for where the tree is.
+    for (name, local_root) in [("flipped", &flipped), ("missing", &missing)] {
+        let (ok, _, local_err) = validate_int8(&[], local_root.to_str().unwrap());
+        assert!(!ok, "local {name} validated");
+        let url = format!("s3://int8/t/{name}");
+        let (ok, _, err) = validate_int8(&env, &url);
+        assert!(!ok, "{url} validated");
+        assert_eq!(err.replace(&url, "ROOT"), local_err.replace(local_root.to_str().unwrap(), "ROOT"), "{name}");
+    }
+
+    // Served (view=auto picks the INT8 tree) exactly as the local tree is; with
+    // --verify-hashes, a tree whose bytes differ from its manifest is refused.
+    let a = materialize(&[], local_good.to_str().unwrap(), &[]);
+    let b = materialize(&env, "s3://int8/t/good/", &[]);
+    assert_same_views(a.path(), b.path(), "the INT8 tree from s3://");
+    assert_eq!(tree_files(b.path()), tree_files(good.path()));
+    let out = tmp();
+    let o = xpackfs(&env, &["materialize", "s3://int8/t/flipped/", "--out", out.path().to_str().unwrap(), "--verify-hashes"]);
+    assert!(!o.status.success(), "a tree with a flipped byte was served with --verify-hashes");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("SHA256 mismatch") && err.contains("s3://int8/t/flipped/"), "{err}");
+}

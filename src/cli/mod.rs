@@ -141,6 +141,8 @@ struct ValidateArgs {
     /// Never hash (default: hash when the manifest is schema 2)
     #[arg(long)]
     no_verify_hashes: bool,
+    #[command(flatten)]
+    remote: crate::source::remote::Options,
 }
 
 #[derive(Debug, clap::Args)]
@@ -235,7 +237,9 @@ fn validate_int8(a: ValidateArgs) -> i32 {
     } else {
         None
     };
-    let root = if a.root.is_absolute() { a.root } else { std::env::current_dir().unwrap_or_default().join(a.root) };
+    a.remote.apply();
+    let remote = crate::source::remote::is_remote(&a.root);
+    let root = if a.root.is_absolute() || remote { a.root } else { std::env::current_dir().unwrap_or_default().join(a.root) };
     match validate::validate(&root, &expect, verify) {
         Ok(v) => {
             println!("{}", serde_json::to_string(&v).unwrap_or_default());

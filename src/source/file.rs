@@ -118,6 +118,65 @@ pub fn present(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
+/// What is at a path, a final symlink not followed (object stores have no symlinks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Dir,
+    File {
+        size: u64,
+    },
+    Symlink,
+    /// A FIFO, socket or device.
+    Other,
+}
+
+impl EntryKind {
+    fn of(t: std::fs::FileType, size: u64) -> EntryKind {
+        if t.is_symlink() {
+            EntryKind::Symlink
+        } else if t.is_dir() {
+            EntryKind::Dir
+        } else if t.is_file() {
+            EntryKind::File { size }
+        } else {
+            EntryKind::Other
+        }
+    }
+
+    fn of_remote(k: &super::remote::Kind) -> EntryKind {
+        match k {
+            super::remote::Kind::Dir => EntryKind::Dir,
+            super::remote::Kind::File(m) => EntryKind::File { size: m.size },
+        }
+    }
+}
+
+/// What is at `path` (local or remote), or `None` (nothing, or it cannot be looked at).
+pub fn entry_kind(path: &Path) -> Option<EntryKind> {
+    if super::remote::is_remote(path) {
+        return super::remote::stat(path).ok().flatten().as_ref().map(EntryKind::of_remote);
+    }
+    std::fs::symlink_metadata(path).ok().map(|m| EntryKind::of(m.file_type(), m.size()))
+}
+
+/// The entries of directory `dir` (local or remote): names and what each is, sorted by name.
+/// An entry that vanishes while it is looked at is left out.
+pub fn list_entries(dir: &Path) -> Result<Vec<(String, EntryKind)>, SourceError> {
+    if super::remote::is_remote(dir) {
+        return Ok(super::remote::list_dir(dir)?.iter().map(|(n, k)| (n.clone(), EntryKind::of_remote(k))).collect());
+    }
+    let io = |source| SourceError::Io { path: dir.to_path_buf(), source };
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io)? {
+        let e = e.map_err(io)?;
+        if let Ok(m) = std::fs::symlink_metadata(e.path()) {
+            v.push((e.file_name().to_string_lossy().into_owned(), EntryKind::of(m.file_type(), m.size())));
+        }
+    }
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(v)
+}
+
 /// Check that `path` is a regular file after resolving symlinks, without opening it.
 pub fn check_regular(path: &Path) -> Result<Metadata, SourceError> {
     fsutil::check_regular(path).map_err(|e| regular_err(path, e))

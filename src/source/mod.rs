@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use direct::SourceIo;
-pub use file::{FileIdentity, SourceFile, check_file, check_regular, is_dir, open_regular, present, read_small};
+pub use file::{EntryKind, FileIdentity, SourceFile, check_file, check_regular, entry_kind, is_dir, list_entries, open_regular, present, read_small};
 
 use crate::codec::GgmlType;
 

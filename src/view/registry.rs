@@ -124,6 +124,9 @@ impl Input {
     /// as `validate-int8` does.
     pub fn open(path: &Path) -> Result<Input, ViewError> {
         if kt_int8::existing_tree::is_int8_tree(path) {
+            if crate::source::remote::is_remote(path) {
+                return Ok(Input::Int8Tree(path.to_path_buf()));
+            }
             return Ok(Input::Int8Tree(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())));
         }
         let canonical = std::fs::canonicalize(path);

@@ -1,4 +1,6 @@
-//! Read-only mounts of existing kt-kernel INT8 trees. The tree is validated first (the same
+//! Read-only mounts of existing kt-kernel INT8 trees, local or remote (`s3://BUCKET/PREFIX/`
+//! and the other source URLs: then every read is a conditional ranged GET, as for any
+//! remote source, and passthrough does not apply). The tree is validated first (the same
 //! rules and the same code as `validate-int8`; an invalid tree is refused with the
 //! validator's message), and what is served is exactly what the validator listed: the
 //! manifest and its files, each the whole source file, opened (as a regular file) right
@@ -25,8 +27,8 @@ use crate::view::{Extent, Ino, ROOT_INO, Tree, ViewError, VirtualFile};
 /// A directory with a manifest (or anything in its place: the validator then says what is
 /// wrong with it) is an INT8 tree.
 pub fn is_int8_tree(path: &Path) -> bool {
-    let present = |n: &str| std::fs::symlink_metadata(path.join(n)).is_ok();
-    path.is_dir() && (present(MANIFEST_NAME) || present(LEGACY_MANIFEST_NAME))
+    let present = |n: &str| crate::source::present(&path.join(n));
+    crate::source::is_dir(path) && (present(MANIFEST_NAME) || present(LEGACY_MANIFEST_NAME))
 }
 
 /// Mounts of existing INT8 trees (chosen by `view=auto` for a directory holding one).

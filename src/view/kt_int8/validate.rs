@@ -12,18 +12,21 @@
 //! wrapped into a small size that real files could match). When the caller leaves
 //! expectations to the manifest, the root and the manifest are checked first, so a manifest
 //! that cannot be read is reported as such.
+//! The tree may be local or remote (`s3://BUCKET/PREFIX/` and the other source URLs): the
+//! directories are looked at through [`crate::source::list_entries`] and
+//! [`crate::source::entry_kind`] (one listing per directory for a remote tree; object stores
+//! have no symlinks), and files are read and hashed through [`SourceFile`].
 //! No indexing that could panic here (`clippy::indexing_slicing` is denied).
 #![deny(clippy::indexing_slicing)]
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::source::SourceError;
 use crate::source::json::{self, JsonError};
+use crate::source::{EntryKind, SourceError, SourceFile, entry_kind, list_entries};
 
 pub const MANIFEST_NAME: &str = "kt-weight-manifest.json";
 pub const LEGACY_MANIFEST_NAME: &str = "kt-ephemeral-manifest.json";
@@ -110,10 +113,21 @@ fn py_eq(v: Option<&Value>, expected: &Value) -> bool {
 }
 
 fn is_symlink(p: &Path) -> bool {
-    std::fs::symlink_metadata(p).map(|m| m.file_type().is_symlink()).unwrap_or(false)
+    entry_kind(p) == Some(EntryKind::Symlink)
+}
+
+fn is_remote(p: &Path) -> bool {
+    crate::source::remote::is_remote(p)
 }
 
 fn resolve_root(root: &Path) -> R<PathBuf> {
+    if is_remote(root) {
+        // A URL is absolute and has no symlinks to resolve.
+        if entry_kind(root) != Some(EntryKind::Dir) {
+            return Err(format!("persistent INT8 weight root must be a directory: {}", root.display()));
+        }
+        return Ok(root.to_path_buf());
+    }
     if !root.is_absolute() {
         return Err("persistent INT8 weight root must be an absolute path".into());
     }
@@ -128,7 +142,7 @@ fn resolve_root(root: &Path) -> R<PathBuf> {
 }
 
 fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64)> {
-    let candidates: Vec<PathBuf> = [MANIFEST_NAME, LEGACY_MANIFEST_NAME].iter().map(|n| root.join(n)).filter(|p| p.exists() || is_symlink(p)).collect();
+    let candidates: Vec<PathBuf> = [MANIFEST_NAME, LEGACY_MANIFEST_NAME].iter().map(|n| root.join(n)).filter(|p| entry_kind(p).is_some()).collect();
     if candidates.len() != 1 {
         let names: Vec<String> = candidates.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
         let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
@@ -136,7 +150,12 @@ fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64
     }
     let path = candidates.into_iter().next().unwrap_or_default();
     // Checked before anything opens it: a FIFO here must not block.
-    if is_symlink(&path) || !path.is_file() {
+    let regular = match entry_kind(&path) {
+        Some(EntryKind::File { .. }) => true,
+        // A symlink is refused by name; what the listing calls anything else too.
+        _ => false,
+    };
+    if !regular {
         return Err(format!("INT8 manifest must be a regular file: {}", path.display()));
     }
     let manifest = json::read_capped(&path, MAX_MANIFEST_BYTES, MAX_MANIFEST_VALUES).map_err(|e| match e {
@@ -163,17 +182,18 @@ fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64
     Ok((path, manifest, schema))
 }
 
+/// The sha256 of a whole file (local or remote), read in 8 MiB pieces.
 pub fn sha256_file(path: &Path) -> R<String> {
-    use std::io::Read;
-    let (mut f, _) = crate::source::open_regular(path).map_err(|e| e.to_string())?;
+    let f = SourceFile::open(path).map_err(|e| e.to_string())?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 8 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| format!("{}: {e}", path.display()))?;
-        match buf.get(..n) {
-            Some(read) if n > 0 => h.update(read),
-            _ => break,
-        }
+    let mut at = 0u64;
+    while at < f.size() {
+        let n = (f.size() - at).min(buf.len() as u64) as usize;
+        let piece = buf.get_mut(..n).unwrap_or_default();
+        f.read_exact_at(piece, at).map_err(|e| e.to_string())?;
+        h.update(&*piece);
+        at += n as u64;
     }
     Ok(crate::digest::hex(&h.finalize()))
 }
@@ -222,15 +242,15 @@ fn validate_layer(
         return Err(format!("persistent INT8 layer {idx} NUMA count mismatch: expected {numa}, got {numa_count}"));
     }
     let layer_dir = root.join(format!("_layer_{idx}"));
-    if is_symlink(&layer_dir) || !layer_dir.is_dir() {
+    if entry_kind(&layer_dir) != Some(EntryKind::Dir) {
         return Err(format!("missing or unsafe persistent INT8 layer directory: {}", layer_dir.display()));
     }
     let expected_numa: BTreeSet<String> = (0..numa).map(|i| format!("_numa_{i}")).collect();
-    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(&layer_dir).map_err(|e| e.to_string())?.flatten().collect();
-    if entries.iter().any(|e| is_symlink(&e.path()) || !e.path().is_dir()) {
+    let entries = list_entries(&layer_dir).map_err(|e| e.to_string())?;
+    if entries.iter().any(|(_, k)| *k != EntryKind::Dir) {
         return Err(format!("persistent INT8 layer {idx} contains entries outside NUMA directories"));
     }
-    let actual_numa: BTreeSet<String> = entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let actual_numa: BTreeSet<String> = entries.into_iter().map(|(n, _)| n).collect();
     if actual_numa != expected_numa {
         return Err(format!(
             "persistent INT8 layer {idx} NUMA directories mismatch: expected {:?}, got {:?}",
@@ -242,13 +262,11 @@ fn validate_layer(
     let mut actual_sizes: HashMap<String, u64> = HashMap::new();
     for i in 0..numa {
         let numa_dir = layer_dir.join(format!("_numa_{i}"));
-        for e in std::fs::read_dir(&numa_dir).map_err(|e| e.to_string())?.flatten() {
-            let meta = std::fs::symlink_metadata(e.path()).map_err(|e| e.to_string())?;
-            if !meta.file_type().is_file() {
-                return Err(format!("unexpected non-regular persistent INT8 entry: {}", e.path().display()));
-            }
-            let rel = format!("_layer_{idx}/_numa_{i}/{}", e.file_name().to_string_lossy());
-            actual_sizes.insert(rel, meta.size());
+        for (name, kind) in list_entries(&numa_dir).map_err(|e| e.to_string())? {
+            let EntryKind::File { size } = kind else {
+                return Err(format!("unexpected non-regular persistent INT8 entry: {}", numa_dir.join(&name).display()));
+            };
+            actual_sizes.insert(format!("_layer_{idx}/_numa_{i}/{name}"), size);
         }
     }
     let expected_count = numa
@@ -301,7 +319,8 @@ fn validate_layer(
         let Some(&observed) = actual_sizes.get(&key) else {
             return Err(format!("missing or unsafe INT8 manifest file: {}", absolute.display()));
         };
-        if crate::source::open_regular(&absolute).is_err() {
+        let readable = if is_remote(&absolute) { crate::source::check_file(&absolute).is_ok() } else { crate::source::open_regular(&absolute).is_ok() };
+        if !readable {
             return Err(format!("INT8 weight file is not readable: {}", absolute.display()));
         }
         let declared = positive_int(item.get("size_bytes"), &format!("{rel}.size_bytes"))? as u64;
@@ -533,11 +552,11 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     }
     let mut expected_root: BTreeSet<String> = expected_layers.iter().map(|i| format!("_layer_{i}")).collect();
     expected_root.insert(manifest_path.file_name().unwrap_or_default().to_string_lossy().into_owned());
-    let entries: Vec<std::fs::DirEntry> = std::fs::read_dir(&resolved).map_err(|e| e.to_string())?.flatten().collect();
-    if entries.iter().any(|e| is_symlink(&e.path())) {
+    let entries = list_entries(&resolved).map_err(|e| e.to_string())?;
+    if entries.iter().any(|(_, k)| *k == EntryKind::Symlink) {
         return Err("persistent INT8 root must not contain symlinks".into());
     }
-    let actual_root: BTreeSet<String> = entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let actual_root: BTreeSet<String> = entries.into_iter().map(|(n, _)| n).collect();
     if actual_root != expected_root {
         let extra: Vec<&String> = actual_root.difference(&expected_root).collect();
         let missing: Vec<&String> = expected_root.difference(&actual_root).collect();
