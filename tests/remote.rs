@@ -181,9 +181,7 @@ fn fixtures() -> tempfile::TempDir {
 }
 
 fn kimi_parts(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir.join("kimi/gguf")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    v.sort();
-    v
+    kimi_parts_in(&dir.join("kimi/gguf"))
 }
 
 #[test]
@@ -540,4 +538,65 @@ fn an_int8_tree_in_s3_validates_and_mounts_as_the_local_tree_does() {
     assert!(!o.status.success(), "a tree with a flipped byte was served with --verify-hashes");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("SHA256 mismatch") && err.contains("s3://int8/t/flipped/"), "{err}");
+}
+
+#[test]
+fn a_hub_split_set_takes_its_shard_digests_from_the_hub_and_verify_checks_them() {
+    let d = tmp();
+    let repo_dir = d.path().join("repo");
+    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(&repo_dir).args(["--layers", "3", "--experts", "16", "--shards", "2"]));
+    let parts = kimi_parts_in(&repo_dir.join("gguf"));
+    let total: u64 = parts.iter().map(|p| std::fs::metadata(repo_dir.join("gguf").join(p)).unwrap().len()).sum();
+    let spec = format!("org/kimi={}", repo_dir.display());
+    // --no-copy: the CDN serves the files as they are on disk now (for the last part below).
+    let hub = Server::start("hub_standin.py", &["--port", "0", "--repo", &spec, "--no-copy"]);
+    let env = vec![("HF_ENDPOINT", hub.get("hub")), ("HF_HOME", tmp().path().display().to_string())];
+    let (cfg, tok) =
+        (format!("--model-config={}", repo_dir.join("config.json").display()), format!("--tokenizer-dir={}", repo_dir.join("tokenizer").display()));
+    let opts = ["--view=kimi-pack", "--model-check=layout", &cfg, &tok, "--full-source-hashes"];
+    let local = materialize(&[], repo_dir.join("gguf").join(&parts[0]).to_str().unwrap(), &opts);
+    let manifest = tree_files(local.path()).into_iter().find(|f| f.ends_with(".manifest.json")).unwrap();
+
+    // The mount reads headers (the parser's first 256 KiB of each part, and the few payload
+    // samples the manifest reports), not the shards: the per-shard sha256 are the Hub's LFS
+    // oids, and equal what hashing gives.
+    let mnt = tmp();
+    let url = format!("hf://org/kimi/gguf/{}", parts[0]);
+    let mut args = vec!["mount", &url, mnt.path().to_str().unwrap()];
+    args.extend_from_slice(&opts);
+    let o = xpackfs(&env, &args);
+    assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
+    let served = std::fs::read(mnt.path().join(&manifest));
+    umount(mnt.path());
+    let (want, got): (Value, Value) =
+        (serde_json::from_slice(&std::fs::read(local.path().join(&manifest)).unwrap()).unwrap(), serde_json::from_slice(&served.unwrap()).unwrap());
+    assert_eq!(normalized(got), normalized(want), "the manifest of the Hub split set");
+    let fetched = stats["remote"]["bytes"].as_u64().unwrap();
+    assert!(fetched * 4 < total, "the mount fetched {fetched} of {total} source bytes: {stats}");
+
+    // A store whose word and bytes disagree (the last part changed on the CDN's disk, its
+    // LFS oid not): materialize --verify refuses, naming the part.
+    let last = repo_dir.join("gguf").join(&parts[1]);
+    let mut bytes = std::fs::read(&last).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 0x40;
+    std::fs::write(&last, bytes).unwrap();
+    let out = tmp();
+    let mut args = vec!["materialize", &url, "--out", out.path().to_str().unwrap(), "--verify"];
+    args.extend_from_slice(&opts);
+    let o = xpackfs(&env, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "materialize --verify accepted bytes the Hub's sha256 does not match");
+    assert!(err.contains(&parts[1]) && err.contains("the store states sha256"), "{err}");
+    // The digest pass checks what it hashes against the statement too, and stores nothing.
+    let o = xpackfs(&env, &["digest", &url]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains(&parts[1]) && err.contains("the store states sha256"), "{err}");
+}
+
+fn kimi_parts_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
 }

@@ -37,6 +37,8 @@ pub enum DigestError {
     Store { path: PathBuf, what: String },
     #[error("source sha256 mismatch: expected {expected}, the source hashes to {actual}")]
     Mismatch { expected: String, actual: String },
+    #[error("{}: the store states sha256 {stated}, the bytes read hash to {actual}", path.display())]
+    Stated { path: PathBuf, stated: String, actual: String },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -99,6 +101,27 @@ pub fn obtain(source: &Source, store: &DigestStore, expected_source_sha256: Opti
 pub fn obtain_per_file(source: &Source, store: &DigestStore, expected_source_sha256: Option<&str>) -> Result<SourceDigests, DigestError> {
     let n = source.files.len();
     obtain_where(source, store, expected_source_sha256, |d| d.files_sha256.len() == n && d.files_header_sha256.len() == n)
+}
+
+/// sha256 of each file and of each file's header region, for views that need no other digest
+/// of the source: from the store when it has them; else, when the store the files live in
+/// states every file's sha256 (a Hub repository's LFS files), those, with the header regions
+/// read now (a mount then reads headers only); else from the digest pass ([`obtain_per_file`]).
+/// Stated digests are the store's word, checked against the bytes whenever the bytes are
+/// hashed (a digest pass, `materialize --verify`): the Hub also checks every read against
+/// them (`X-Linked-Etag`).
+pub fn files_sha256(source: &Source, store: &DigestStore) -> Result<(Vec<String>, Vec<String>), DigestError> {
+    let n = source.files.len();
+    if let Some(d) = store.load(source).filter(|d| d.files_sha256.len() == n && d.files_header_sha256.len() == n) {
+        return Ok((d.files_sha256, d.files_header_sha256));
+    }
+    let stated: Option<Vec<String>> = source.files.iter().map(|f| f.stated_sha256().map(str::to_ascii_lowercase)).collect();
+    if let Some(stated) = stated {
+        tracing::info!("per-file sha256 as the store states them ({n} files); reading headers only");
+        return Ok((stated, header_sha256s(source)?));
+    }
+    let d = obtain_per_file(source, store, None)?;
+    Ok((d.files_sha256, d.files_header_sha256))
 }
 
 /// sha256 of each file's header region `[0, data_offset)` (GGUF sources; empty regions for

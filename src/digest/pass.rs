@@ -162,7 +162,14 @@ pub fn compute_with(source: &Source, kernel: Kernel) -> Result<SourceDigests, Di
         f.check_unchanged()?;
     }
     let source_sha256 = hex(&whole.source.finalize());
-    let files_sha256 = if nfiles > 1 { whole.files.into_iter().map(|h| hex(&h.finalize())).collect() } else { vec![source_sha256.clone()] };
+    let files_sha256: Vec<String> = if nfiles > 1 { whole.files.into_iter().map(|h| hex(&h.finalize())).collect() } else { vec![source_sha256.clone()] };
+    // A file whose store states its sha256 (the Hub's LFS oid) must hash to it: otherwise the
+    // bytes read are not the ones the store vouches for, and nothing computed from them is kept.
+    for (f, actual) in source.files.iter().zip(&files_sha256) {
+        if let Some(stated) = f.stated_sha256().filter(|s| !s.eq_ignore_ascii_case(actual)) {
+            return Err(DigestError::Stated { path: f.path().to_path_buf(), stated: stated.to_string(), actual: actual.clone() });
+        }
+    }
     Ok(SourceDigests {
         format: STORE_FORMAT.into(),
         files: file_records(source),

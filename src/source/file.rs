@@ -268,6 +268,15 @@ impl SourceFile {
         }
     }
 
+    /// The content's sha256 where the store states it (the Hub's LFS oid, pinned at open);
+    /// `None` for local files and objects whose store states none.
+    pub fn stated_sha256(&self) -> Option<&str> {
+        match &self.inner {
+            Inner::Remote(o) => o.meta().pin.sha256.as_deref(),
+            Inner::Local(_) => None,
+        }
+    }
+
     /// Is this a remote object (read over the network)?
     pub fn is_remote(&self) -> bool {
         matches!(self.inner, Inner::Remote(_))

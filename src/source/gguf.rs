@@ -261,6 +261,9 @@ struct Cursor<'a> {
     keep_budget: u64,
 }
 
+/// The parser's first read of a file's header.
+const FIRST_READ: u64 = 256 << 10;
+
 impl<'a> Cursor<'a> {
     fn new(file: &'a SourceFile, cap: u64, keep_budget: u64) -> Self {
         Cursor { file, buf: Vec::new(), pos: 0, limit: file.size().min(cap), cap, keep_budget }
@@ -284,7 +287,9 @@ impl<'a> Cursor<'a> {
             return Err(self.err(format!("header exceeds the {} byte cap while reading {what}", self.cap)));
         }
         if end > self.buf.len() as u64 {
-            let want = end.max((self.buf.len() as u64 + (1 << 20)).min(self.limit));
+            // Doubling from 256 KiB: few reads for a large header (a vocabulary of 8 MB takes
+            // six), little read past a small one (each read is a round trip to a remote store).
+            let want = end.max((self.buf.len() as u64 * 2).max(FIRST_READ).min(self.limit));
             let start = self.buf.len();
             self.buf.resize(want as usize, 0);
             if let Some(fresh) = self.buf.get_mut(start..) {

@@ -99,9 +99,33 @@ impl super::View for KimiPackView {
             let manifest_name = format!("{name}.manifest.json");
             let manifest = if written.contains_key(&manifest_name) { Some(super::derived::read_json(out, &manifest_name)?) } else { None };
             validate::verify_written(&out.join(name), source, sha, manifest.as_ref()).map_err(|rule| ViewError::Verify { file: name.clone(), rule })?;
+            if manifest.as_ref().is_some_and(|m| m["source"]["summary"]["full_source_hashes"] == true) {
+                verify_stated(source).map_err(|rule| ViewError::Verify { file: manifest_name, rule })?;
+            }
         }
         Ok(())
     }
+}
+
+/// The per-shard sha256 a manifest took from what the store states (a Hub repository's LFS
+/// oids, [`digest::files_sha256`]) checked against the bytes: `materialize --verify` vouches
+/// for what it wrote, not for the store's word. (Digests from a digest pass were hashed from
+/// the bytes already, and are checked against the statement there.)
+fn verify_stated(source: &Source) -> Result<(), String> {
+    let stated: Vec<_> = source.files.iter().filter_map(|f| Some((f.path().to_path_buf(), f.stated_sha256()?.to_ascii_lowercase()))).collect();
+    if stated.is_empty() {
+        return Ok(());
+    }
+    let (paths, expected): (Vec<_>, Vec<_>) = stated.into_iter().unzip();
+    let hashed = digest::lanes::sha256_files(&paths, Some(&expected));
+    for ((path, want), got) in paths.iter().zip(&expected).zip(hashed) {
+        match got {
+            Some(got) if &got == want => {}
+            Some(got) => return Err(format!("{}: the store states sha256 {want}, the bytes read hash to {got}", path.display())),
+            None => return Err(format!("{}: could not be read again to check the sha256 the store states", path.display())),
+        }
+    }
+    Ok(())
 }
 
 /// What [`build`] takes: the options and where and for what the pack is built.
@@ -341,8 +365,8 @@ fn manifest_parts(
     let model = plan.model.as_ref().ok_or_else(|| ViewError::Internal("a manifest needs the model config".into()))?;
     let (tok_path, tok_files) = read_tokenizer(tokenizer_dir)?;
     let (files_sha256, header_sha256) = if opts.full_source_hashes {
-        let d = digest::obtain_per_file(source, store, None)?;
-        (Some(d.files_sha256), d.files_header_sha256)
+        let (files, headers) = digest::files_sha256(source, store)?;
+        (Some(files), headers)
     } else {
         (None, digest::header_sha256s(source)?)
     };
