@@ -76,6 +76,17 @@ pub fn registry(stats: &Stats, tiers: Arc<Tiers>, files: usize, entries: Option<
         v.push(("remote_bytes", "Bytes of remote sources delivered to reads", C(remote.bytes)));
         v.push(("remote_reads", "Remote ranged reads completed", C(remote.reads)));
         v.push(("remote_request_seconds_sum", "Seconds to the answer's headers, summed over remote requests", G(remote.latency_sum_s as i64)));
+        let parts = &remote.parts;
+        v.push(("remote_parts_fetched", "Parts of remote objects fetched over the network", C(parts.parts_fetched)));
+        v.push(("remote_parts_from_disk", "Parts of remote objects read from the disk cache instead of the network", C(parts.parts_from_disk)));
+        v.push(("remote_part_hits", "Reads of remote parts already held in memory", C(parts.part_hits)));
+        v.push(("remote_prefetch_hits", "Reads of remote parts that read-ahead had fetched", C(parts.prefetch_hits)));
+        v.push(("remote_direct_reads", "Remote reads served by a GET of their own range (no sequential stream)", C(parts.direct_reads)));
+        v.push(("remote_window_resets", "Remote reads that broke a sequential stream with a read-ahead window", C(parts.window_resets)));
+        v.push(("remote_prefetch_skipped", "Remote read-ahead not started for want of memory or queue room", C(parts.prefetch_skipped)));
+        v.push(("remote_parts_in_flight", "Remote part GETs in flight now", g(parts.in_flight)));
+        v.push(("remote_memory_used_bytes", "Bytes of remote parts held or being fetched", g(parts.memory_used_bytes)));
+        v.push(("remote_memory_budget_bytes", "Bound of remote parts in memory (remote_memory_mb)", g(parts.memory_budget_bytes)));
         for (answer, n) in &remote.answers {
             if let Some(name) = crate::source::remote::stats::answer_metric(answer) {
                 v.push((name, "Remote requests by answer (status class, or a transport error)", C(*n)));

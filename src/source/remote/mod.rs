@@ -29,6 +29,7 @@
 mod creds;
 mod hub;
 mod objects;
+pub mod parts;
 pub mod stats;
 mod url;
 
@@ -109,6 +110,16 @@ pub struct Options {
     /// N at this rate in all, then is abandoned and retried
     #[arg(long, default_value = "64", value_parser = crate::util::args::int_in::<u64>(1, 1 << 30), help_heading = "Remote sources")]
     pub remote_min_rate_kib: u64,
+    /// Bytes per remote GET of a sequential reader (a part), MiB
+    #[arg(long, default_value = "8", value_parser = crate::util::args::int_in::<u64>(1, 1024), help_heading = "Remote sources")]
+    pub remote_part_mb: u64,
+    /// Memory for remote parts held and in flight, every object together, MiB (default: an
+    /// eighth of RAM, 256 MiB to 4 GiB)
+    #[arg(long, value_parser = crate::util::args::int_in::<u64>(16, 1 << 20), help_heading = "Remote sources")]
+    pub remote_memory_mb: Option<u64>,
+    /// Remote GETs in flight ahead of readers, every object together
+    #[arg(long, default_value = "16", value_parser = crate::util::args::int_in::<usize>(1, 256), help_heading = "Remote sources")]
+    pub remote_concurrency: usize,
 }
 
 impl Options {
@@ -122,6 +133,12 @@ impl Options {
             stall_timeout: Duration::from_secs(self.remote_stall_timeout_s),
             min_rate: self.remote_min_rate_kib << 10,
             ..Config::default()
+        });
+        parts::configure(parts::PartConfig {
+            part_size: self.remote_part_mb << 20,
+            memory_budget: self.remote_memory_mb.map_or_else(parts::default_memory_budget, |m| m << 20),
+            concurrency: self.remote_concurrency,
+            ..parts::PartConfig::default()
         });
     }
 }
@@ -272,16 +289,20 @@ pub fn list_dir(p: &Path) -> Result<Listing, RemoteError> {
 #[derive(Debug)]
 pub struct RemoteObject {
     url: String,
-    key: String,
-    meta: Meta,
-    ns: Arc<dyn Namespace>,
+    /// [`RemoteObject::identity_hash`], computed once.
+    id: u128,
+    fetch: parts::Fetch,
 }
 
 /// Open the object at `p` (it must be a file).
 pub fn open(p: &Path) -> Result<RemoteObject, RemoteError> {
     let (url, ns) = resolve(p)?;
     match ns.stat(&url.key)? {
-        Some(Kind::File(meta)) => Ok(RemoteObject { url: url.display(), key: url.key.clone(), meta, ns }),
+        Some(Kind::File(meta)) => {
+            let display = url.display();
+            let id = twox_hash::XxHash3_128::oneshot(format!("{display}\0{}\0{}", meta.size, meta.pin.describe()).as_bytes());
+            Ok(RemoteObject { url: display, id, fetch: parts::Fetch { ns, key: url.key.clone(), meta } })
+        }
         Some(Kind::Dir) => Err(RemoteError::Unsupported { url: url.display(), what: "is a directory (a prefix), not an object".into() }),
         None => Err(RemoteError::NotFound { url: url.display(), hint: String::new() }),
     }
@@ -292,10 +313,10 @@ impl RemoteObject {
         &self.url
     }
     pub fn meta(&self) -> &Meta {
-        &self.meta
+        &self.fetch.meta
     }
     pub fn size(&self) -> u64 {
-        self.meta.size
+        self.fetch.meta.size
     }
 
     /// Fill `buf` from `offset`, as pinned at open.
@@ -303,18 +324,19 @@ impl RemoteObject {
         if buf.is_empty() {
             return Ok(());
         }
-        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.meta.size) {
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.size()) {
             return Err(RemoteError::Failed {
                 url: self.url.clone(),
-                cause: format!("read of {} bytes at {offset} is beyond the end of the object ({})", buf.len(), self.meta.size),
+                cause: format!("read of {} bytes at {offset} is beyond the end of the object ({})", buf.len(), self.size()),
             });
         }
-        self.ns.read(&self.key, &self.meta, offset, buf)
+        parts::read(self.id, &self.fetch, offset, buf)
     }
 
-    /// An identity for keys (digest store, disk cache): the URL and the pin, hashed.
+    /// An identity for keys (digest store, disk cache, fetched parts): the URL, the size and
+    /// the pin, hashed.
     pub fn identity_hash(&self) -> u128 {
-        twox_hash::XxHash3_128::oneshot(format!("{}\0{}\0{}", self.url, self.meta.size, self.meta.pin.describe()).as_bytes())
+        self.id
     }
 }
 

@@ -107,6 +107,8 @@ pub struct Snapshot {
     /// Cumulative counts per bucket of [`LATENCY_BUCKETS`] (then +Inf).
     pub latency_buckets: Vec<u64>,
     pub latency_sum_s: f64,
+    /// The parts tier: memory, read-ahead, hits ([`super::parts`]).
+    pub parts: super::parts::Snapshot,
 }
 
 pub fn snapshot() -> Snapshot {
@@ -128,6 +130,7 @@ pub fn snapshot() -> Snapshot {
         failures: c.failures.lock().iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         latency_buckets,
         latency_sum_s: c.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
+        parts: super::parts::snapshot(),
     }
 }
 

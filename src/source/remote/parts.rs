@@ -1,0 +1,737 @@
+//! Remote objects read in parts: the bytes of every remote object pass through here on their
+//! way from the network to a reader. An object is cut into aligned parts (8 MiB by
+//! default); a part is fetched by one conditional ranged GET, held in a process-wide memory
+//! tier under one budget that every object and reader shares, and handed to every reader
+//! that needs it (single flight: a part being fetched is waited for, never fetched twice).
+//!
+//! Sequential readers are detected per object, as streams: a read that starts near where a
+//! stream's last read ended (up to 1 MiB back, up to 16 MiB forward: the kernel's readahead
+//! and parallel FUSE requests reorder and skip) continues that stream, and each part it
+//! moves into doubles its window (up to the configured maximum). A stream with a window
+//! reads whole parts and has the next `window` parts fetched ahead, by a pool of fetch
+//! threads (`remote_concurrency`), so that many GETs are in flight at once. A read that
+//! continues no stream starts a new one with no window and is served by a GET of exactly
+//! its range (a header, a random read: no part is fetched for it), unless its parts are
+//! already held.
+//!
+//! Memory: parts held (fetched or being fetched) count against the budget
+//! (`remote_memory_mb`). Read-ahead is admitted only while the budget has room, after
+//! evicting parts readers are done with (least recently used first); parts fetched ahead
+//! and not yet read are not evicted for more read-ahead, so a reader that stops mid-file
+//! holds at most its window until readers' parts push it out. A reader's own part is always
+//! fetched (evicting what it must), so the budget is exceeded only by the parts readers are
+//! fetching at that moment.
+//!
+//! A disk tier for fetched parts plugs in below ([`set_disk_tier`]): a part is looked for
+//! there before it is fetched, and offered to it once fetched.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{Meta, Namespace, RemoteError};
+
+/// How parts are cut, held and fetched ahead: set once per process ([`super::configure`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PartConfig {
+    /// Bytes per part.
+    pub part_size: u64,
+    /// Bytes of parts held or being fetched, every object together.
+    pub memory_budget: u64,
+    /// Fetch threads for read-ahead (GETs in flight ahead of readers, every object together).
+    pub concurrency: usize,
+    /// The largest read-ahead window, in parts.
+    pub max_window: u32,
+}
+
+impl Default for PartConfig {
+    fn default() -> Self {
+        PartConfig { part_size: 8 << 20, memory_budget: default_memory_budget(), concurrency: 16, max_window: 16 }
+    }
+}
+
+/// An eighth of the machine's memory, between 256 MiB and 4 GiB.
+pub fn default_memory_budget() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let total = if pages > 0 && page > 0 { pages as u64 * page as u64 } else { 8 << 30 };
+    (total / 8).clamp(256 << 20, 4 << 30)
+}
+
+/// A place that keeps fetched parts across processes (the storage layer's disk tier).
+/// `object` is the object's identity (URL and pin, hashed): a changed object never meets
+/// another version's parts.
+pub trait DiskTier: Send + Sync {
+    /// The part's bytes, exactly `len` of them, if held and intact.
+    fn get(&self, object: u128, part: u64, len: usize) -> Option<Vec<u8>>;
+    /// Keep a part (best effort: failures are the tier's to log).
+    fn put(&self, object: u128, part: u64, bytes: &[u8]);
+}
+
+static DISK: OnceLock<Arc<dyn DiskTier>> = OnceLock::new();
+
+/// Install the disk tier for fetched parts (once per process; later calls are ignored).
+pub fn set_disk_tier(tier: Arc<dyn DiskTier>) {
+    let _ = DISK.set(tier);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct PartKey {
+    object: u128,
+    index: u64,
+}
+
+enum Slot {
+    /// Being fetched by someone; wait for it.
+    Fetching {
+        len: u64,
+    },
+    Ready(Held),
+}
+
+struct Held {
+    bytes: Arc<Vec<u8>>,
+    /// Last use, for LRU.
+    tick: u64,
+    /// Read by a reader since it was fetched (fetched ahead and not yet read: false).
+    consumed: bool,
+}
+
+impl Slot {
+    fn len(&self) -> u64 {
+        match self {
+            Slot::Fetching { len } => *len,
+            Slot::Ready(h) => h.bytes.len() as u64,
+        }
+    }
+}
+
+/// A sequential reader of one object, as seen from its reads.
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    /// Where the stream started.
+    start: u64,
+    /// Where the last read ended (the furthest end seen).
+    next: u64,
+    window: u32,
+    tick: u64,
+}
+
+/// A stream gets a window once it has read this much in sequence: a header parsed in a few
+/// growing reads fetches no whole part.
+const RUN_BEFORE_WINDOW: u64 = 1 << 20;
+
+/// Streams kept per object (SGLang reads one object in 4 splits at once).
+const STREAMS_PER_OBJECT: usize = 8;
+/// How far back / forward of a stream's end a read still continues it.
+const BACK_TOLERANCE: u64 = 1 << 20;
+const FORWARD_TOLERANCE: u64 = 16 << 20;
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<PartKey, Slot>,
+    used: u64,
+    tick: u64,
+    streams: HashMap<u128, Vec<Stream>>,
+    queued: HashSet<PartKey>,
+    queue: VecDeque<Job>,
+}
+
+struct Job {
+    key: PartKey,
+    object: Fetch,
+}
+
+/// What a fetch needs: where the object is and how it is pinned.
+#[derive(Clone, Debug)]
+pub(crate) struct Fetch {
+    pub ns: Arc<dyn Namespace>,
+    pub key: String,
+    pub meta: Meta,
+}
+
+struct Parts {
+    config: PartConfig,
+    state: Mutex<State>,
+    /// Signalled when a part's fetch ends (ready or failed).
+    fetched: Condvar,
+    /// Signalled when a job is queued.
+    work: Condvar,
+    workers: OnceLock<()>,
+    counters: Counters,
+    /// `State::used`, readable without the lock (for statistics).
+    used_now: AtomicU64,
+    /// The most `State::used` has been.
+    peak: AtomicU64,
+}
+
+/// Counters of the parts tier (process-wide).
+#[derive(Default)]
+struct Counters {
+    parts_fetched: AtomicU64,
+    parts_from_disk: AtomicU64,
+    part_hits: AtomicU64,
+    prefetch_hits: AtomicU64,
+    direct_reads: AtomicU64,
+    window_resets: AtomicU64,
+    prefetch_skipped: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+static CONFIG: OnceLock<PartConfig> = OnceLock::new();
+
+/// Set the parts tier's configuration (once, before the first read; later calls are ignored).
+pub fn configure(config: PartConfig) {
+    let _ = CONFIG.set(config);
+}
+
+fn parts() -> &'static Parts {
+    static P: OnceLock<Parts> = OnceLock::new();
+    P.get_or_init(|| Parts::new(*CONFIG.get_or_init(PartConfig::default)))
+}
+
+/// What the parts tier holds and has done, for `stats.json` and metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Snapshot {
+    pub part_bytes: u64,
+    pub memory_budget_bytes: u64,
+    pub memory_used_bytes: u64,
+    pub parts_fetched: u64,
+    pub parts_from_disk: u64,
+    /// Reads of parts already held (by an earlier read or read-ahead).
+    pub part_hits: u64,
+    /// Of those, parts fetched ahead.
+    pub prefetch_hits: u64,
+    /// Reads served by a GET of their own range (no stream with a window).
+    pub direct_reads: u64,
+    /// Reads that broke a stream with a window (it started over).
+    pub window_resets: u64,
+    /// Read-ahead not started for want of memory.
+    pub prefetch_skipped: u64,
+    /// Part GETs in flight now.
+    pub in_flight: u64,
+}
+
+pub fn snapshot() -> Snapshot {
+    parts().snapshot()
+}
+
+impl Parts {
+    fn snapshot(&self) -> Snapshot {
+        let c = &self.counters;
+        Snapshot {
+            part_bytes: self.config.part_size,
+            memory_budget_bytes: self.config.memory_budget,
+            memory_used_bytes: self.used_now.load(Ordering::Relaxed),
+            parts_fetched: c.parts_fetched.load(Ordering::Relaxed),
+            parts_from_disk: c.parts_from_disk.load(Ordering::Relaxed),
+            part_hits: c.part_hits.load(Ordering::Relaxed),
+            prefetch_hits: c.prefetch_hits.load(Ordering::Relaxed),
+            direct_reads: c.direct_reads.load(Ordering::Relaxed),
+            window_resets: c.window_resets.load(Ordering::Relaxed),
+            prefetch_skipped: c.prefetch_skipped.load(Ordering::Relaxed),
+            in_flight: c.in_flight.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Record `State::used` after a change.
+    fn note_used(&self, used: u64) {
+        self.used_now.store(used, Ordering::Relaxed);
+        self.peak.fetch_max(used, Ordering::Relaxed);
+    }
+}
+
+/// Fill `buf` with the object's bytes from `offset` (in range: checked by the caller).
+pub(crate) fn read(object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+    parts().read(object, fetch, offset, buf)
+}
+
+impl Parts {
+    fn new(config: PartConfig) -> Parts {
+        Parts {
+            config,
+            state: Mutex::new(State::default()),
+            fetched: Condvar::new(),
+            work: Condvar::new(),
+            workers: OnceLock::new(),
+            counters: Counters::default(),
+            used_now: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        }
+    }
+
+    fn read(&'static self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+        let p = self;
+        let size = fetch.meta.size;
+        let ps = p.config.part_size.max(1);
+        let end = offset + buf.len() as u64;
+        let (first, last) = (offset / ps, (end - 1) / ps);
+        let window = p.note_read(object, offset, end);
+        if window == 0 {
+            // No stream: the parts if all are held, else a GET of this range only.
+            if let Some(held) = p.held(object, first, last) {
+                copy_out(&held, first, ps, offset, buf);
+                return Ok(());
+            }
+            self.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
+            return fetch.ns.read(&fetch.key, &fetch.meta, offset, buf);
+        }
+        let parts_total = size.div_ceil(ps);
+        let ahead_to = (last + 1 + window as u64).min(parts_total);
+        for index in last + 1..ahead_to {
+            p.queue(PartKey { object, index }, fetch);
+        }
+        let mut held = Vec::with_capacity((last - first + 1) as usize);
+        for index in first..=last {
+            held.push(p.part(PartKey { object, index }, fetch, part_len(size, ps, index))?);
+        }
+        copy_out(&held, first, ps, offset, buf);
+        Ok(())
+    }
+}
+
+fn part_len(size: u64, ps: u64, index: u64) -> u64 {
+    (size - index * ps).min(ps)
+}
+
+/// Copy `[offset, offset + buf.len())` out of consecutive parts starting at part `first`.
+fn copy_out(held: &[Arc<Vec<u8>>], first: u64, ps: u64, offset: u64, buf: &mut [u8]) {
+    let mut at = offset;
+    let mut filled = 0usize;
+    for (i, part) in held.iter().enumerate() {
+        let base = (first + i as u64) * ps;
+        let from = (at - base) as usize;
+        let n = (part.len() - from).min(buf.len() - filled);
+        buf[filled..filled + n].copy_from_slice(&part[from..from + n]);
+        filled += n;
+        at += n as u64;
+    }
+}
+
+impl Parts {
+    /// Note a read of `[offset, end)`; the window of the stream it continues (0: none).
+    fn note_read(&self, object: u128, offset: u64, end: u64) -> u32 {
+        let ps = self.config.part_size.max(1);
+        let mut st = self.state.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        let streams = st.streams.entry(object).or_default();
+        let continues = |s: &Stream| offset + BACK_TOLERANCE >= s.next && offset <= s.next + FORWARD_TOLERANCE;
+        if let Some(s) = streams.iter_mut().find(|s| continues(s)) {
+            if end > s.next {
+                if s.window == 0 {
+                    if end - s.start >= RUN_BEFORE_WINDOW {
+                        s.window = 1;
+                    }
+                } else if end.div_ceil(ps) > s.next.div_ceil(ps) {
+                    s.window = (s.window * 2).min(self.config.max_window.max(1));
+                }
+                s.next = end;
+            }
+            s.tick = tick;
+            return s.window;
+        }
+        if streams.iter().any(|s| s.window > 0) && streams.len() >= STREAMS_PER_OBJECT {
+            self.counters.window_resets.fetch_add(1, Ordering::Relaxed);
+        }
+        if streams.len() >= STREAMS_PER_OBJECT
+            && let Some(oldest) = streams.iter().enumerate().min_by_key(|(_, s)| s.tick).map(|(i, _)| i)
+        {
+            streams.swap_remove(oldest);
+        }
+        streams.push(Stream { start: offset, next: end, window: 0, tick });
+        0
+    }
+
+    /// The parts `first..=last` if every one is held now.
+    fn held(&self, object: u128, first: u64, last: u64) -> Option<Vec<Arc<Vec<u8>>>> {
+        let mut st = self.state.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        let mut v = Vec::new();
+        for index in first..=last {
+            match st.slots.get_mut(&PartKey { object, index }) {
+                Some(Slot::Ready(h)) => {
+                    h.tick = tick;
+                    h.consumed = true;
+                    v.push(h.bytes.clone());
+                }
+                _ => return None,
+            }
+        }
+        self.counters.part_hits.fetch_add(v.len() as u64, Ordering::Relaxed);
+        Some(v)
+    }
+
+    /// A reader's part: held, waited for, or fetched now.
+    fn part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Arc<Vec<u8>>, RemoteError> {
+        let mut st = self.state.lock();
+        loop {
+            st.tick += 1;
+            let tick = st.tick;
+            match st.slots.get_mut(&key) {
+                Some(Slot::Ready(h)) => {
+                    h.tick = tick;
+                    self.counters.part_hits.fetch_add(1, Ordering::Relaxed);
+                    if !h.consumed {
+                        self.counters.prefetch_hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    h.consumed = true;
+                    return Ok(h.bytes.clone());
+                }
+                Some(Slot::Fetching { .. }) => self.fetched.wait(&mut st),
+                None => break,
+            }
+        }
+        self.make_room(&mut st, len, true);
+        st.slots.insert(key, Slot::Fetching { len });
+        st.used += len;
+        self.note_used(st.used);
+        drop(st);
+        let got = self.fetch_part(key, fetch, len);
+        let mut st = self.state.lock();
+        let r = self.finish(&mut st, key, got, true);
+        self.fetched.notify_all();
+        r
+    }
+
+    /// Fetch one part: from the disk tier, else one GET.
+    fn fetch_part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Vec<u8>, RemoteError> {
+        let disk = DISK.get();
+        if let Some(bytes) = disk.and_then(|d| d.get(key.object, key.index, len as usize)) {
+            self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
+            return Ok(bytes);
+        }
+        let c = &self.counters;
+        c.in_flight.fetch_add(1, Ordering::Relaxed);
+        let mut buf = vec![0u8; len as usize];
+        let r = fetch.ns.read(&fetch.key, &fetch.meta, key.index * self.config.part_size, &mut buf);
+        c.in_flight.fetch_sub(1, Ordering::Relaxed);
+        r?;
+        c.parts_fetched.fetch_add(1, Ordering::Relaxed);
+        if let Some(d) = disk {
+            d.put(key.object, key.index, &buf);
+        }
+        Ok(buf)
+    }
+
+    /// Record a fetch's outcome in its slot (a failed fetch leaves no slot: the next reader
+    /// fetches again).
+    fn finish(&self, st: &mut State, key: PartKey, got: Result<Vec<u8>, RemoteError>, consumed: bool) -> Result<Arc<Vec<u8>>, RemoteError> {
+        let len = st.slots.get(&key).map_or(0, Slot::len);
+        match got {
+            Ok(bytes) => {
+                let bytes = Arc::new(bytes);
+                st.tick += 1;
+                let tick = st.tick;
+                st.slots.insert(key, Slot::Ready(Held { bytes: bytes.clone(), tick, consumed }));
+                Ok(bytes)
+            }
+            Err(e) => {
+                st.slots.remove(&key);
+                st.used = st.used.saturating_sub(len);
+                self.note_used(st.used);
+                Err(e)
+            }
+        }
+    }
+
+    /// Evict held parts until `len` more bytes fit the budget: least recently used first,
+    /// only parts no reader holds now, and for read-ahead (`!demand`) only parts already read.
+    /// Whether they fit.
+    fn make_room(&self, st: &mut State, len: u64, demand: bool) -> bool {
+        while st.used + len > self.config.memory_budget {
+            let victim = st
+                .slots
+                .iter()
+                .filter_map(|(k, s)| match s {
+                    Slot::Ready(h) if Arc::strong_count(&h.bytes) == 1 && (demand || h.consumed) => Some((h.tick, *k)),
+                    _ => None,
+                })
+                .min();
+            let Some((_, k)) = victim else { return false };
+            if let Some(s) = st.slots.remove(&k) {
+                st.used = st.used.saturating_sub(s.len());
+            }
+        }
+        self.note_used(st.used);
+        true
+    }
+
+    /// Queue a part for read-ahead (unless held, being fetched, or queued).
+    fn queue(&'static self, key: PartKey, fetch: &Fetch) {
+        let mut st = self.state.lock();
+        if st.slots.contains_key(&key) || st.queued.contains(&key) {
+            return;
+        }
+        // A bounded queue: read-ahead beyond it is asked for again by the next read.
+        if st.queue.len() >= 4 * self.config.concurrency.max(1) {
+            self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        st.queued.insert(key);
+        st.queue.push_back(Job { key, object: fetch.clone() });
+        drop(st);
+        self.workers.get_or_init(|| self.start_workers());
+        self.work.notify_one();
+    }
+
+    fn start_workers(&'static self) {
+        for i in 0..self.config.concurrency.max(1) {
+            let spawned = std::thread::Builder::new().name(format!("xpackfs-fetch-{i}")).spawn(move || self.work_loop());
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start a fetch thread: {e}");
+            }
+        }
+    }
+
+    fn work_loop(&self) {
+        loop {
+            let mut st = self.state.lock();
+            let job = loop {
+                match st.queue.pop_front() {
+                    Some(j) => break j,
+                    None => self.work.wait(&mut st),
+                }
+            };
+            st.queued.remove(&job.key);
+            if st.slots.contains_key(&job.key) {
+                continue;
+            }
+            let size = job.object.meta.size;
+            let ps = self.config.part_size.max(1);
+            let len = part_len(size, ps, job.key.index);
+            if !self.make_room(&mut st, len, false) {
+                self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            st.slots.insert(job.key, Slot::Fetching { len });
+            st.used += len;
+            self.note_used(st.used);
+            drop(st);
+            let got = self.fetch_part(job.key, &job.object, len);
+            let mut st = self.state.lock();
+            if let Err(e) = self.finish(&mut st, job.key, got, false) {
+                tracing::debug!("read-ahead of part {} failed (a reader will fetch it): {e}", job.key.index);
+            }
+            self.fetched.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::source::remote::{Kind, Listing, Pin};
+
+    /// An object in memory; every GET recorded; GETs of `fail_at` fail (once each).
+    #[derive(Debug, Default)]
+    struct Fake {
+        bytes: Vec<u8>,
+        gets: Mutex<Vec<(u64, usize)>>,
+        fail_at: Mutex<HashSet<u64>>,
+    }
+
+    impl Namespace for Fake {
+        fn url(&self, key: &str) -> String {
+            format!("fake://{key}")
+        }
+        fn stat(&self, _: &str) -> Result<Option<Kind>, RemoteError> {
+            Ok(None)
+        }
+        fn list_dir(&self, _: &str) -> Result<Listing, RemoteError> {
+            Ok(Vec::new())
+        }
+        fn read(&self, key: &str, _: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+            self.gets.lock().push((offset, buf.len()));
+            if self.fail_at.lock().remove(&offset) {
+                return Err(RemoteError::Failed { url: self.url(key), cause: "injected".into() });
+            }
+            buf.copy_from_slice(&self.bytes[offset as usize..offset as usize + buf.len()]);
+            Ok(())
+        }
+    }
+
+    fn object(len: usize, seed: u64) -> (Arc<Fake>, Fetch) {
+        let bytes: Vec<u8> = (0..len as u64).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) as u8).collect();
+        let fake = Arc::new(Fake { bytes, ..Default::default() });
+        let fetch = Fetch { ns: fake.clone(), key: format!("o{seed}"), meta: Meta { size: len as u64, pin: Pin::default() } };
+        (fake, fetch)
+    }
+
+    fn tier(part_size: u64, memory_budget: u64, concurrency: usize, max_window: u32) -> &'static Parts {
+        Box::leak(Box::new(Parts::new(PartConfig { part_size, memory_budget, concurrency, max_window })))
+    }
+
+    /// Read `[offset, offset + n)` and compare with the object's bytes.
+    fn check(p: &'static Parts, id: u128, fake: &Fake, fetch: &Fetch, offset: u64, n: usize) {
+        let mut buf = vec![0u8; n];
+        p.read(id, fetch, offset, &mut buf).unwrap();
+        assert!(buf == fake.bytes[offset as usize..offset as usize + n], "bytes {offset}+{n} differ");
+    }
+
+    #[test]
+    fn every_part_boundary_reads_the_objects_bytes() {
+        let ps = 64 << 10;
+        let p = tier(ps, 64 << 20, 4, 8);
+        // Smaller than a part, one part, one byte over, several with a short last part.
+        for (i, len) in [1usize, 100, ps as usize - 1, ps as usize, ps as usize + 1, (40 * ps + 5) as usize].into_iter().enumerate() {
+            let (fake, fetch) = object(len, i as u64);
+            let id = 1000 + i as u128;
+            // Sequential, in reads of sizes that straddle part boundaries.
+            let mut at = 0u64;
+            for step in [7usize, 4096, 100_000, 65_536, 1].iter().cycle() {
+                if at >= len as u64 {
+                    break;
+                }
+                let n = (*step).min(len - at as usize);
+                check(p, id, &fake, &fetch, at, n);
+                at += n as u64;
+            }
+            // Then reads anywhere: held parts or GETs of their own.
+            for (off, n) in [(0u64, len), (len as u64 - 1, 1), (len as u64 / 2, len / 2)] {
+                if n > 0 {
+                    check(p, id, &fake, &fetch, off, n);
+                }
+            }
+        }
+        let snap = p.snapshot();
+        assert!(snap.parts_fetched > 0 && snap.part_hits > 0, "{snap:?}");
+    }
+
+    #[test]
+    fn a_header_read_in_growing_reads_fetches_no_whole_part() {
+        let p = tier(8 << 20, 64 << 20, 4, 8);
+        let (fake, fetch) = object(20 << 20, 7);
+        check(p, 1, &fake, &fetch, 0, 256 << 10);
+        check(p, 1, &fake, &fetch, 256 << 10, 512 << 10);
+        check(p, 1, &fake, &fetch, 0, 4096);
+        let gets = fake.gets.lock().clone();
+        assert_eq!(gets, vec![(0, 256 << 10), (256 << 10, 512 << 10), (0, 4096)]);
+    }
+
+    #[test]
+    fn a_sequential_reader_gets_read_ahead_in_parts() {
+        let ps = 256 << 10;
+        let p = tier(ps, 64 << 20, 4, 8);
+        let len = 64 * ps as usize;
+        let (fake, fetch) = object(len, 3);
+        for at in (0..len as u64).step_by(128 << 10) {
+            check(p, 9, &fake, &fetch, at, 128 << 10);
+        }
+        let snap = p.snapshot();
+        assert!(snap.prefetch_hits > 32, "read-ahead did not serve the reader: {snap:?}");
+        // Every GET after the first reads is a whole part (or the short last one).
+        let gets = fake.gets.lock().clone();
+        let part_gets = gets.iter().filter(|(o, n)| o % ps == 0 && *n as u64 == ps).count();
+        assert!(part_gets >= 60, "{gets:?}");
+        // No part fetched twice.
+        let mut offsets: Vec<u64> = gets.iter().filter(|(_, n)| *n as u64 == ps).map(|(o, _)| *o).collect();
+        let n = offsets.len();
+        offsets.sort();
+        offsets.dedup();
+        assert_eq!(offsets.len(), n, "a part was fetched twice");
+    }
+
+    #[test]
+    fn reordered_and_skipping_reads_keep_their_window() {
+        let ps = 256 << 10;
+        let p = tier(ps, 256 << 20, 4, 8);
+        let len = 256 * ps as usize;
+        let (fake, fetch) = object(len, 5);
+        // The kernel's readahead with parallel FUSE requests: pairs swapped, and now and then
+        // a forward skip of 2 MiB.
+        let chunk = 128u64 << 10;
+        let mut order = Vec::new();
+        let mut at = 0u64;
+        while at + 2 * chunk <= len as u64 {
+            order.push(at + chunk);
+            order.push(at);
+            at += 2 * chunk;
+            if at.is_multiple_of(8 << 20) {
+                at += 2 << 20;
+            }
+        }
+        for off in order {
+            check(p, 11, &fake, &fetch, off, chunk as usize);
+        }
+        let snap = p.snapshot();
+        assert_eq!(snap.window_resets, 0, "{snap:?}");
+        assert!(snap.direct_reads <= 8, "{snap:?}");
+    }
+
+    #[test]
+    fn many_readers_stay_within_the_budget_and_a_stopped_reader_releases_its_window() {
+        let ps = 64u64 << 10;
+        let budget = 2u64 << 20;
+        let p = tier(ps, budget, 8, 16);
+        let readers = 64usize;
+        let objects: Vec<(Arc<Fake>, Fetch)> = (0..readers).map(|i| object((4 << 20) + i * 1000, 100 + i as u64)).collect();
+        std::thread::scope(|s| {
+            for (i, (fake, fetch)) in objects.iter().enumerate() {
+                s.spawn(move || {
+                    // Half the readers stop halfway.
+                    let stop = if i % 2 == 0 { fake.bytes.len() } else { fake.bytes.len() / 2 };
+                    let mut at = 0usize;
+                    while at < stop {
+                        let n = (32 << 10).min(stop - at);
+                        check(p, 5000 + i as u128, fake, fetch, at as u64, n);
+                        at += n;
+                    }
+                });
+            }
+        });
+        // Each reader may be fetching one part of its own beyond the budget, no more.
+        let peak = p.peak.load(Ordering::Relaxed);
+        assert!(peak <= budget + readers as u64 * ps, "peak {peak} over budget {budget} + {readers} parts");
+        // Once read-ahead settles, what is held is within the budget, and a new reader can
+        // still have all of it (the stopped readers' windows are evictable).
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(p.used_now.load(Ordering::Relaxed) <= budget + 8 * ps);
+        let (fake, fetch) = object(8 << 20, 999);
+        for at in (0..8u64 << 20).step_by(64 << 10) {
+            check(p, 9999, &fake, &fetch, at, 64 << 10);
+        }
+        assert!(p.snapshot().prefetch_hits > 0);
+    }
+
+    #[test]
+    fn a_failed_part_fails_that_read_only_and_is_fetched_again() {
+        let ps = 64u64 << 10;
+        let p = tier(ps, 64 << 20, 1, 1);
+        let (fake, fetch) = object(4 << 20, 8);
+        // Become a sequential stream first (1 MiB), then the part at 2 MiB fails once (as a
+        // reader's own fetch, or as read-ahead, whichever reaches it first).
+        fake.fail_at.lock().insert(2 << 20);
+        let mut failed = 0;
+        let mut at = 0u64;
+        while at < 4 << 20 {
+            let mut buf = vec![0u8; 16 << 10];
+            match p.read(12, &fetch, at, &mut buf) {
+                Ok(()) => {
+                    assert!(buf == fake.bytes[at as usize..at as usize + buf.len()]);
+                    at += buf.len() as u64;
+                }
+                Err(_) => {
+                    failed += 1;
+                    assert!(failed < 3, "the same read failed again");
+                }
+            }
+        }
+        assert!(fake.fail_at.lock().is_empty(), "the failure was never met");
+    }
+
+    #[test]
+    fn copy_out_straddles_parts_and_the_short_last_one() {
+        let parts: Vec<Arc<Vec<u8>>> = vec![Arc::new((0u8..8).collect()), Arc::new((8u8..16).collect()), Arc::new((16u8..19).collect())];
+        let mut buf = vec![0u8; 12];
+        copy_out(&parts, 0, 8, 6, &mut buf);
+        assert_eq!(buf, (6u8..18).collect::<Vec<_>>());
+        let mut buf = vec![0u8; 3];
+        copy_out(&parts[2..], 2, 8, 16, &mut buf);
+        assert_eq!(buf, vec![16, 17, 18]);
+    }
+}
