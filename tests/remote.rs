@@ -600,3 +600,92 @@ fn kimi_parts_in(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Mount `url` with `opts`, read `file` whole, and return its bytes and stats.json's remote
+/// section.
+fn mount_read(env: &[(&str, String)], url: &str, opts: &[&str], file: &str) -> (Vec<u8>, Value) {
+    let mnt = tmp();
+    let mut args = vec!["mount", url, mnt.path().to_str().unwrap()];
+    args.extend_from_slice(opts);
+    let o = xpackfs(env, &args);
+    assert!(o.status.success(), "mount {url}: {}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(mnt.path().join(file));
+    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
+    umount(mnt.path());
+    (bytes.unwrap(), stats["remote"].clone())
+}
+
+#[test]
+fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
+    require_fuse();
+    let fx = tmp();
+    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
+    let upload = format!("{}=m", fx.path().display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
+    let env = s3_env(&s3);
+    let cache = tmp();
+    let disk = format!("--disk-cache={}", cache.path().display());
+    // Small parts, so the sample spans many.
+    let opts = [disk.as_str(), "--remote-part-mb=1", "--cache-mb=1"];
+    let url = "s3://bkt/m/sample-moe.gguf";
+    let want = std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+
+    let (first, s1) = mount_read(&env, url, &opts, "sample-moe.pack");
+    assert!(first == want, "first mount: the pack differs");
+    let size = std::fs::metadata(sample()).unwrap().len();
+    assert!(s1["bytes"].as_u64().unwrap() >= size / 2, "{s1}");
+    // A restart: every byte read before comes from the disk cache, none from the network.
+    let (second, s2) = mount_read(&env, url, &opts, "sample-moe.pack");
+    assert!(second == want, "second mount: the pack differs");
+    assert_eq!(s2["bytes"], 0, "the second mount fetched bytes: {s2}");
+    assert!(s2["parts"]["parts_from_disk"].as_u64().unwrap() > 0, "{s2}");
+
+    // Damaged entries are detected, refetched, and the bytes are still right.
+    let mut damaged = 0;
+    for shard in std::fs::read_dir(cache.path().join("entries")).unwrap() {
+        for e in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let p = e.unwrap().path();
+            let mut b = std::fs::read(&p).unwrap();
+            if b.len() > 100 {
+                let i = b.len() - 1;
+                b[i] ^= 0x10;
+                std::fs::write(&p, b).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged > 0);
+    let (third, s3stats) = mount_read(&env, url, &opts, "sample-moe.pack");
+    assert!(third == want, "after damage: the pack differs");
+    assert!(s3stats["bytes"].as_u64().unwrap() > 0, "damaged entries were not refetched: {s3stats}");
+
+    // The object replaced (a new ETag): its parts are new keys; the old ones are never served.
+    let mut other = std::fs::read(sample()).unwrap();
+    let n = other.len();
+    for b in &mut other[n - 4096..] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(fx.path().join("other.gguf"), &other).unwrap();
+    let put = python()
+        .arg(repo().join("tools/remote/servers.py"))
+        .args([
+            "s3-put",
+            "--endpoint",
+            &s3.get("endpoint"),
+            "--bucket",
+            "bkt",
+            "--key",
+            "m/sample-moe.gguf",
+            "--file",
+            fx.path().join("other.gguf").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    let local_other = tmp();
+    std::fs::write(local_other.path().join("sample-moe.gguf"), &other).unwrap();
+    let want_other = std::fs::read(materialize(&[], local_other.path().join("sample-moe.gguf").to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let (fourth, s4) = mount_read(&env, url, &opts, "sample-moe.pack");
+    assert!(fourth == want_other, "the replaced object's pack differs (old parts served?)");
+    assert!(s4["bytes"].as_u64().unwrap() > 0, "{s4}");
+}

@@ -3,7 +3,8 @@
 //! A view describes its files as extents and says how to compute a chunk; everything that
 //! keeps or makes the bytes lives here, one idea per file: the memory tier ([`memory`], a
 //! byte-budgeted LRU), the disk tier ([`disk`]: chunk entries and whole-file entries under
-//! one budget), whole files of a view kept for passthrough ([`file_entries`]), the compute
+//! one budget), fetched parts of remote sources kept in that same disk tier ([`fetched`]),
+//! whole files of a view kept for passthrough ([`file_entries`]), the compute
 //! pool with priorities ([`compute`]), the lookup across them with read-ahead ([`tiers`]),
 //! the one single-flight mechanism they share ([`flight`]), their command-line options
 //! ([`options`]), and the context every read carries down to them ([`ReadCtx`]: who reads,
@@ -18,6 +19,7 @@ pub mod compute;
 mod ctx;
 pub mod disk;
 mod error;
+pub mod fetched;
 pub mod file_entries;
 pub mod flight;
 pub mod memory;

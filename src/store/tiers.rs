@@ -152,7 +152,11 @@ impl<E: ChunkError> Tiers<E> {
             cfg.threads = n;
         }
         let pool = ComputePool::new(&cfg).map_err(|e| E::internal(format!("cannot start the compute pool: {e}")))?;
-        Ok(Tiers::new(Arc::new(ChunkCache::new(mem_bytes)), opts.open_disk_cache().map(Arc::new), Arc::new(pool)))
+        let disk = opts.open_disk_cache().map(Arc::new);
+        if let Some(d) = &disk {
+            super::fetched::install(d);
+        }
+        Ok(Tiers::new(Arc::new(ChunkCache::new(mem_bytes)), disk, Arc::new(pool)))
     }
 
     /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at

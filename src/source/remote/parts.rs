@@ -22,8 +22,11 @@
 //! fetched (evicting what it must), so the budget is exceeded only by the parts readers are
 //! fetching at that moment.
 //!
-//! A disk tier for fetched parts plugs in below ([`set_disk_tier`]): a part is looked for
-//! there before it is fetched, and offered to it once fetched.
+//! A disk tier for fetched parts plugs in below ([`set_disk_tier`]; the storage layer's disk
+//! cache): a part is looked for there before it is fetched, and offered to it once fetched.
+//! A read with no window is kept there too, under its exact range (the reads a mount makes,
+//! headers and side files, are the same at every mount): a restart over a filled cache reads
+//! nothing from the network for what was read before.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,10 +67,10 @@ pub fn default_memory_budget() -> u64 {
 /// `object` is the object's identity (URL and pin, hashed): a changed object never meets
 /// another version's parts.
 pub trait DiskTier: Send + Sync {
-    /// The part's bytes, exactly `len` of them, if held and intact.
-    fn get(&self, object: u128, part: u64, len: usize) -> Option<Vec<u8>>;
+    /// The object's `len` bytes at `offset` (a part), if held and intact.
+    fn get(&self, object: u128, offset: u64, len: usize) -> Option<Vec<u8>>;
     /// Keep a part (best effort: failures are the tier's to log).
-    fn put(&self, object: u128, part: u64, bytes: &[u8]);
+    fn put(&self, object: u128, offset: u64, bytes: &[u8]);
 }
 
 static DISK: OnceLock<Arc<dyn DiskTier>> = OnceLock::new();
@@ -270,13 +273,26 @@ impl Parts {
         let (first, last) = (offset / ps, (end - 1) / ps);
         let window = p.note_read(object, offset, end);
         if window == 0 {
-            // No stream: the parts if all are held, else a GET of this range only.
-            if let Some(held) = p.held(object, first, last) {
+            // No stream: the parts if all are held (in memory, or on disk), else a GET of this
+            // range only.
+            if let Some(held) = p.held(object, first, last).or_else(|| p.held_on_disk(object, size, first, last)) {
                 copy_out(&held, first, ps, offset, buf);
                 return Ok(());
             }
+            // On disk under its exact range: the reads a mount makes (headers, side files)
+            // are the same ranges at every mount, so a restart reads them from disk too.
+            let disk = DISK.get().filter(|_| buf.len() as u64 <= self.config.part_size);
+            if let Some(bytes) = disk.and_then(|d| d.get(object, offset, buf.len())) {
+                self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
+                buf.copy_from_slice(&bytes);
+                return Ok(());
+            }
             self.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
-            return fetch.ns.read(&fetch.key, &fetch.meta, offset, buf);
+            fetch.ns.read(&fetch.key, &fetch.meta, offset, buf)?;
+            if let Some(d) = disk {
+                d.put(object, offset, buf);
+            }
+            return Ok(());
         }
         let parts_total = size.div_ceil(ps);
         let ahead_to = (last + 1 + window as u64).min(parts_total);
@@ -365,6 +381,34 @@ impl Parts {
         Some(v)
     }
 
+    /// The parts `first..=last` if every one is in the disk tier (then held in memory too).
+    fn held_on_disk(&self, object: u128, size: u64, first: u64, last: u64) -> Option<Vec<Arc<Vec<u8>>>> {
+        let disk = DISK.get()?;
+        let ps = self.config.part_size.max(1);
+        let mut v = Vec::new();
+        for index in first..=last {
+            let key = PartKey { object, index };
+            let len = part_len(size, ps, index);
+            if let Some(Slot::Ready(h)) = self.state.lock().slots.get(&key) {
+                v.push(h.bytes.clone());
+                continue;
+            }
+            let bytes = Arc::new(disk.get(object, index * ps, len as usize)?);
+            self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
+            let mut st = self.state.lock();
+            if !st.slots.contains_key(&key) {
+                self.make_room(&mut st, len, true);
+                st.tick += 1;
+                let tick = st.tick;
+                st.slots.insert(key, Slot::Ready(Held { bytes: bytes.clone(), tick, consumed: true }));
+                st.used += len;
+                self.note_used(st.used);
+            }
+            v.push(bytes);
+        }
+        Some(v)
+    }
+
     /// A reader's part: held, waited for, or fetched now.
     fn part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Arc<Vec<u8>>, RemoteError> {
         let mut st = self.state.lock();
@@ -400,19 +444,20 @@ impl Parts {
     /// Fetch one part: from the disk tier, else one GET.
     fn fetch_part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Vec<u8>, RemoteError> {
         let disk = DISK.get();
-        if let Some(bytes) = disk.and_then(|d| d.get(key.object, key.index, len as usize)) {
+        let offset = key.index * self.config.part_size;
+        if let Some(bytes) = disk.and_then(|d| d.get(key.object, offset, len as usize)) {
             self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
             return Ok(bytes);
         }
         let c = &self.counters;
         c.in_flight.fetch_add(1, Ordering::Relaxed);
         let mut buf = vec![0u8; len as usize];
-        let r = fetch.ns.read(&fetch.key, &fetch.meta, key.index * self.config.part_size, &mut buf);
+        let r = fetch.ns.read(&fetch.key, &fetch.meta, offset, &mut buf);
         c.in_flight.fetch_sub(1, Ordering::Relaxed);
         r?;
         c.parts_fetched.fetch_add(1, Ordering::Relaxed);
         if let Some(d) = disk {
-            d.put(key.object, key.index, &buf);
+            d.put(key.object, offset, &buf);
         }
         Ok(buf)
     }
@@ -533,6 +578,8 @@ mod tests {
         bytes: Vec<u8>,
         gets: Mutex<Vec<(u64, usize)>>,
         fail_at: Mutex<HashSet<u64>>,
+        /// Each GET takes this long (a network round trip).
+        delay: std::time::Duration,
     }
 
     impl Namespace for Fake {
@@ -547,6 +594,7 @@ mod tests {
         }
         fn read(&self, key: &str, _: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
             self.gets.lock().push((offset, buf.len()));
+            std::thread::sleep(self.delay);
             if self.fail_at.lock().remove(&offset) {
                 return Err(RemoteError::Failed { url: self.url(key), cause: "injected".into() });
             }
@@ -556,8 +604,12 @@ mod tests {
     }
 
     fn object(len: usize, seed: u64) -> (Arc<Fake>, Fetch) {
+        slow_object(len, seed, std::time::Duration::ZERO)
+    }
+
+    fn slow_object(len: usize, seed: u64, delay: std::time::Duration) -> (Arc<Fake>, Fetch) {
         let bytes: Vec<u8> = (0..len as u64).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) as u8).collect();
-        let fake = Arc::new(Fake { bytes, ..Default::default() });
+        let fake = Arc::new(Fake { bytes, delay, ..Default::default() });
         let fetch = Fetch { ns: fake.clone(), key: format!("o{seed}"), meta: Meta { size: len as u64, pin: Pin::default() } };
         (fake, fetch)
     }
@@ -618,12 +670,13 @@ mod tests {
         let ps = 256 << 10;
         let p = tier(ps, 64 << 20, 4, 8);
         let len = 64 * ps as usize;
-        let (fake, fetch) = object(len, 3);
+        // Round trips of 5 ms: read-ahead has something to hide.
+        let (fake, fetch) = slow_object(len, 3, std::time::Duration::from_millis(5));
         for at in (0..len as u64).step_by(128 << 10) {
             check(p, 9, &fake, &fetch, at, 128 << 10);
         }
         let snap = p.snapshot();
-        assert!(snap.prefetch_hits > 32, "read-ahead did not serve the reader: {snap:?}");
+        assert!(snap.prefetch_hits > 16, "read-ahead did not serve the reader: {snap:?}");
         // Every GET after the first reads is a whole part (or the short last one).
         let gets = fake.gets.lock().clone();
         let part_gets = gets.iter().filter(|(o, n)| o % ps == 0 && *n as u64 == ps).count();
