@@ -17,7 +17,9 @@ are read once again, so the server always serves from memory and only the reader
 with a digest store filled once before the rounds (`xpackfs digest`), so a mount reads headers only; the digest
 pass itself is timed once and reported. Figures are medians over the rounds (min and max kept in the JSON);
 ratios are of throughputs (bytes delivered per second), so the pack (the GGUF's experts) compares with the
-whole GGUF's download.
+whole GGUF's download. Also reported: one stream with one request in flight (`python x1`, the first 64 MiB),
+the network bytes per byte read (stats.json's `remote` section), the digest pass and the first mount of each
+view (it hashes the view once), all before the rounds.
 
     sudo python3 tools/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
         [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant]
@@ -319,6 +321,7 @@ def main() -> int:
     ap.add_argument("--s3s-fs", default=None, help="the s3s-fs binary (default: PATH, ~/.cargo/bin)")
     ap.add_argument("--s3s-target", default=str(Path(tempfile.gettempdir()) / "target-s3s"),
                     help="CARGO_TARGET_DIR for installing s3s-fs")
+    ap.add_argument("--single-mib", type=int, default=64, help="bytes of the one-stream download (python x1)")
     ap.add_argument("--skip-requant", action="store_true")
     ap.add_argument("--requant-shape", default="2048,1024,8,2", help="hidden,inter,experts,layers of the V4.1 checkpoint")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
@@ -374,9 +377,23 @@ def main() -> int:
             r = subprocess.run([a.xpackfs, "digest", src, "--endpoint", endpoint], env=env, capture_output=True, text=True)
             if r.returncode != 0:
                 raise SystemExit(f"digest {src}: {r.stderr[-2000:]}")
+        # The first mount of each view hashes the view once (the pack's pack_sha256 streams the object again) and
+        # stores it; timed here, so every mount in the rounds reads headers only.
+        first_mount: dict[str, float] = {}
+        for name, src, opts in [("pack", url, "ro")] + ([("requant s3", f"s3://{CKPT_BUCKET}/", "ro,view=requant"),
+                                                         ("requant local", str(v41), "ro,view=requant")] if v41 else []):
+            drop_caches()
+            warm(served)
+            m = tmp / "mnt-first"
+            first_mount[name] = mount(a, src, m, f"{eo},{opts}", env)
+            unmount(m)
+        # One stream, one request in flight at a time, on the first --single-mib of the object: the rate a
+        # reader that fetches each read synchronously can reach at best.
+        single = min(size, a.single_mib * MIB)
 
         res: dict[str, list[float]] = {}
-        extra: dict[str, object] = {"object_bytes": size, "etag": obj["etag"], "digest_pass_s": digest_s}
+        extra: dict[str, object] = {"object_bytes": size, "etag": obj["etag"], "digest_pass_s": digest_s,
+                                    "first_mount_s": first_mount, "single_stream_bytes": single}
 
         def add(name: str, seconds: float) -> None:
             res.setdefault(name, []).append(seconds)
@@ -387,6 +404,8 @@ def main() -> int:
 
         for rnd in range(a.rounds):
             log(f"round {rnd + 1}/{a.rounds}")
+            cold()
+            add("python x1", python_download(endpoint, key, single, part, 1))
             for p in parallel:
                 cold()
                 add(f"curl x{p}", curl_download(endpoint, key, size, part, p, tmp))
@@ -430,7 +449,8 @@ def main() -> int:
                     unmount(m)
 
         med = {k: summary(v) for k, v in res.items()}
-        base_name = min((k for k in med if k.startswith(("curl", "python"))), key=lambda k: med[k]["median"])
+        base_name = min((k for k in med if k.startswith(("curl", "python")) and k != "python x1"),
+                        key=lambda k: med[k]["median"])
         base_s = med[base_name]["median"]
         base_gbs = size / base_s / 1e9
 
@@ -438,7 +458,9 @@ def main() -> int:
             return nbytes / med[name]["median"] / 1e9
 
         rows = [(k, med[k]["median"], size / med[k]["median"] / 1e9, size / med[k]["median"] / 1e9 / base_gbs)
-                for k in med if k.startswith(("curl", "python"))]
+                for k in med if k.startswith(("curl", "python")) and k != "python x1"]
+        one = gbs("python x1", single)
+        rows.append((f"python x1 (first {single >> 20} MiB)", med["python x1"]["median"], one, one / base_gbs))
         pack_gbs = gbs("pack cat", extra["pack_bytes"])
         rows.append(("pack cat (xpackfs s3://)", med["pack cat"]["median"], pack_gbs, pack_gbs / base_gbs))
         sg_gbs = gbs("sglang", extra["sglang_bytes"])
@@ -450,7 +472,8 @@ def main() -> int:
             got = [st.get("bytes", 0) for st in extra.get(stats_key, []) if st]
             return statistics.median(got) / nbytes if got else None
 
-        # Network bytes per byte read (1.0: each source byte crossed once; the pack is about the GGUF's size).
+        # Network bytes per byte read (1.0: each source byte crossed once; the pack is about the GGUF's size). For
+        # requant it is source bytes per output byte: the quantised view is smaller than its BF16 source.
         extra["network_bytes_per_byte_read"] = {
             "pack cat": net_per_byte("pack_remote_stats", extra["pack_bytes"]),
             "sglang": net_per_byte("sglang_remote_stats", extra["sglang_bytes"])}
@@ -467,7 +490,9 @@ def main() -> int:
                "rounds": a.rounds, "part_mib": a.part_mib, "xpackfs": a.xpackfs,
                "cached_second_mount": "n/a (issue 25: fetched-block cache not built yet)"}
         print(f"object {size / 1e6:.1f} MB, pack {extra['pack_bytes'] / 1e6:.1f} MB, {a.rounds} rounds, medians; "
-              f"digest pass {digest_s:.2f} s, pack mount {med['pack mount']['median']:.2f} s")
+              f"digest pass {digest_s:.2f} s; first mounts (view digests) "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in first_mount.items())
+              + f"; later pack mounts {med['pack mount']['median']:.2f} s")
         print(f"{'measure':34} {'seconds':>8} {'GB/s':>7} {'x baseline':>10}")
         for name, s, g, x in rows:
             print(f"{name:34} {s:8.3f} {g:7.3f} {('%.2f' % x) if x is not None else '':>10}")
