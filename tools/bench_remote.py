@@ -24,9 +24,10 @@ view (it hashes the view once), all before the rounds.
     sudo python3 tools/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
         [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant]
 
-Needs root (drop_caches, FUSE), curl, boto3, and `s3s-fs` (installed with `cargo install s3s-fs --version 0.14.1
---features binary --locked` into --s3s-target if it is not on PATH; later versions need a newer rustc). Servers
-run in their own process groups and are killed at exit; mounts are unmounted, also on Ctrl-C or SIGTERM.
+Needs root (drop_caches, FUSE), boto3, curl (else the Python client alone is the baseline) and `s3s-fs`
+(installed with `cargo install s3s-fs --version 0.14.1 --features binary --locked` into --s3s-target if it is
+not on PATH; later versions need a newer rustc). Servers run in their own process groups and are killed at
+exit; mounts are unmounted, also on Ctrl-C or SIGTERM.
 """
 from __future__ import annotations
 
@@ -334,6 +335,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     parallel = [int(x) for x in a.parallel.split(",")]
+    have_curl = shutil.which("curl") is not None
+    if not have_curl:
+        log("no curl: the baseline is the Python client's alone")
     part = a.part_mib * MIB
 
     gguf = bench_gguf(a.workdir, a.layers, a.experts, a.hidden, a.ff)
@@ -407,8 +411,9 @@ def main() -> int:
             cold()
             add("python x1", python_download(endpoint, key, single, part, 1))
             for p in parallel:
-                cold()
-                add(f"curl x{p}", curl_download(endpoint, key, size, part, p, tmp))
+                if have_curl:
+                    cold()
+                    add(f"curl x{p}", curl_download(endpoint, key, size, part, p, tmp))
                 cold()
                 add(f"python x{p}", python_download(endpoint, key, size, part, p))
             # pack: a fresh mount each round, cold cat of the expert pack.
