@@ -59,7 +59,9 @@ Notes on the emulators (tried on this machine, 2 cores; the `azurite` and `gcs` 
   GETs (`/download/storage/v1/b/B/o/OBJ?alt=media`, `/storage/v1/b/B/o/OBJ?alt=media`, and the XML-style
   `/B/OBJ`) honour Range (206 + Content-Range) but answer HTTP/1.0 without an ETag, and IGNORE both
   `ifGenerationMatch` and If-Match (206 with the bytes): the object-replaced-while-mounted test cannot be run
-  against it (use moto or Azurite for that); listing `/storage/v1/b/B/o?prefix=` works. `servers.py gcs
+  against it (use moto or Azurite for that); listing `/storage/v1/b/B/o?prefix=` works. object_store's GCS client
+  (XML API) cannot read from it: HEAD /B/KEY answers 501 (no do_HEAD), the XML listing GET /B?list-type=2 answers
+  501, and its GETs lack the ETag and Last-Modified that object_store requires (README, "Remote sources"). `servers.py gcs
   --port 0 --upload DIR[=PREFIX]` prints {"gcs": endpoint, "bucket", "objects": {name: {"size", "etag",
   "generation", "md5", "crc32c"}}}.
 - moto 5.2.1 (S3): answers `Connection: close` (no keep-alive) and echoes the upload's

@@ -83,15 +83,28 @@ impl Bucket {
                         .map_err(bad)?,
                 )
             }
-            Scheme::Gs => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(&url.root)
-                    .with_client_options(client_options(config, std::env::var("STORAGE_EMULATOR_HOST").is_ok()))
-                    .with_retry(retry_config(config))
-                    .with_http_connector(CountingConnector::default())
-                    .build()
-                    .map_err(bad)?,
-            ),
+            Scheme::Gs => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.root);
+                // `STORAGE_EMULATOR_HOST`, as Google's own clients read it: requests go to
+                // that host, unauthenticated (they use anonymous credentials with it). An
+                // explicit `GOOGLE_BASE_URL` (read by `from_env`) wins.
+                let emulator = std::env::var("STORAGE_EMULATOR_HOST").ok().filter(|h| !h.is_empty());
+                if let Some(host) = &emulator {
+                    let host = if host.contains("://") { host.clone() } else { format!("http://{host}") };
+                    if std::env::var_os("GOOGLE_BASE_URL").is_none() {
+                        b = b.with_base_url(host.trim_end_matches('/'));
+                    }
+                    b = b.with_skip_signature(true);
+                }
+                let allow_http = emulator.is_some() || std::env::var("GOOGLE_BASE_URL").is_ok_and(|u| u.starts_with("http://"));
+                Arc::new(
+                    b.with_client_options(client_options(config, allow_http))
+                        .with_retry(retry_config(config))
+                        .with_http_connector(CountingConnector::default())
+                        .build()
+                        .map_err(bad)?,
+                )
+            }
             Scheme::Az => Arc::new(
                 object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(&url.root)

@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+"""Remote reads (issue 25): xpackfs over `s3://` against the fastest plain download of the same object from the
+same server, in one run. Starts its own S3 server (the `s3s-fs` crate's, fast enough to measure; moto copies the
+whole object per GET), uploads a MoE GGUF and a DeepSeek-V4.1-style safetensors checkpoint through the S3 API
+(boto3: the server computes the ETags), then alternates rounds of:
+
+  baseline    the fastest download of the GGUF from that server: `curl --parallel` with 8 MiB SigV4-signed ranges
+              (`--aws-sigv4`) at each --parallel level, and a Python client doing the same ranged GETs on
+              keep-alive connections from threads; the fastest median of these is the baseline
+  pack        `xpackfs mount s3://BUCKET/model.gguf` (-o endpoint=...) and a cold `cat` of the expert pack
+  sglang      SGLang's reader (tools/sglang_read.py: O_DIRECT, one read per object, 4 splits) over that mount
+  requant     the requant view of the checkpoint, every file read cold, over s3:// and over the local directory
+  cached      a second mount with fetched blocks cached on local disk (issue 25): "n/a" until that exists
+
+Before every measure the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`) and the server's own files
+are read once again, so the server always serves from memory and only the reader side is cold. Mounts start
+with a digest store filled once before the rounds (`xpackfs digest`), so a mount reads headers only; the digest
+pass itself is timed once and reported. Figures are medians over the rounds (min and max kept in the JSON);
+ratios are of throughputs (bytes delivered per second), so the pack (the GGUF's experts) compares with the
+whole GGUF's download. Also reported: one stream with one request in flight (`python x1`, the first 64 MiB),
+the network bytes per byte read (stats.json's `remote` section), the digest pass and the first mount of each
+view (it hashes the view once), all before the rounds.
+
+    sudo python3 tools/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
+        [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant]
+
+Needs root (drop_caches, FUSE), boto3, curl (else the Python client alone is the baseline) and `s3s-fs`
+(installed with `cargo install s3s-fs --version 0.14.1 --features binary --locked` into --s3s-target if it is
+not on PATH; later versions need a newer rustc). Servers run in their own process groups and are killed at
+exit; mounts are unmounted, also on Ctrl-C or SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import REPO, bench_gguf  # noqa: E402
+
+MIB = 1 << 20
+BUCKET = "models"
+# The V4.1 checkpoint sits at the root of a bucket of its own: s3s-fs stores keys as files, so a prefix is a
+# directory, and its HEAD of a directory answers 500 (it tries to hash the directory) where S3 answers 404; a
+# bucket root needs no HEAD.
+CKPT_BUCKET = "ckpt"
+KEY_ID, SECRET = "xpackfsbench", "xpackfsbenchsecret"
+REGION = "us-east-1"
+
+_children: list[subprocess.Popen] = []
+_mounts: list[Path] = []
+
+
+def cleanup() -> None:
+    for m in reversed(_mounts):
+        umount(m)
+    _mounts.clear()
+    for p in reversed(_children):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(5)
+        except Exception:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except Exception:
+                pass
+    _children.clear()
+
+
+def _on_signal(sig, _frame):
+    cleanup()
+    sys.exit(128 + sig)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}) before listening on {port}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s")
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def warm(paths: list[Path]) -> None:
+    """Read files into the page cache (the server's backing files: it serves from memory in every measure)."""
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.read(16 * MIB):
+                pass
+
+
+def is_mounted(p: Path) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == str(p) for line in f)
+
+
+def umount(p: Path) -> None:
+    for _ in range(50):
+        if not is_mounted(p):
+            return
+        if subprocess.run(["umount", str(p)], stderr=subprocess.DEVNULL).returncode == 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["umount", "-l", str(p)], stderr=subprocess.DEVNULL)
+
+
+# ---- the S3 server ----------------------------------------------------------------------------------------------
+def s3s_binary(a) -> str:
+    exe = a.s3s_fs or shutil.which("s3s-fs") or str(Path.home() / ".cargo/bin/s3s-fs")
+    if Path(exe).exists():
+        return exe
+    log("s3s-fs not found: cargo install s3s-fs --version 0.14.1 --features binary --locked")
+    env = dict(os.environ, CARGO_TARGET_DIR=a.s3s_target)
+    subprocess.run(["nice", "cargo", "install", "s3s-fs", "--version", "0.14.1", "--features", "binary", "--locked"],
+                   check=True, env=env)
+    return str(Path.home() / ".cargo/bin/s3s-fs")
+
+
+def start_s3s(exe: str, root: Path) -> str:
+    port = free_port()
+    for b in (BUCKET, CKPT_BUCKET):
+        (root / b).mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--access-key", KEY_ID, "--secret-key",
+                          SECRET, str(root)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    _children.append(p)
+    wait_port(port, p)
+    return f"http://127.0.0.1:{port}"
+
+
+def s3_client(endpoint: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                        region_name=REGION, config=Config(s3={"addressing_style": "path"},
+                                                          request_checksum_calculation="when_required",
+                                                          response_checksum_validation="when_required"))
+
+
+def upload(s3, local: Path, key: str, bucket: str = BUCKET) -> dict:
+    from boto3.s3.transfer import TransferConfig
+
+    s3.upload_file(str(local), bucket, key, Config=TransferConfig(multipart_threshold=64 * MIB,
+                                                                  multipart_chunksize=64 * MIB, max_concurrency=4))
+    h = s3.head_object(Bucket=bucket, Key=key)
+    return {"size": h["ContentLength"], "etag": h["ETag"]}
+
+
+# ---- baseline downloads -----------------------------------------------------------------------------------------
+def ranges(size: int, part: int) -> list[tuple[int, int]]:
+    return [(o, min(o + part, size) - 1) for o in range(0, size, part)]
+
+
+def curl_download(endpoint: str, key: str, size: int, part: int, parallel: int, tmp: Path) -> float:
+    cfg = tmp / f"curl-{parallel}.cfg"
+    url = f"{endpoint}/{BUCKET}/{key}"
+    # One operation per range (`next`): curl's --range is per operation, not per URL. s3s (like S3) wants
+    # x-amz-content-sha256, which curl 7.88's --aws-sigv4 does not add by itself (it signs it when given).
+    with open(cfg, "w") as f:
+        f.write("\nnext\n".join(
+            f'url = "{url}"\nrange = "{a}-{b}"\noutput = "/dev/null"\naws-sigv4 = "aws:amz:{REGION}:s3"\n'
+            f'user = "{KEY_ID}:{SECRET}"\nheader = "x-amz-content-sha256: UNSIGNED-PAYLOAD"\n'
+            f'fail\nsilent\nshow-error\nwrite-out = "%{{size_download}}\\n"\n'
+            for a, b in ranges(size, part)))
+    cmd = ["curl", "--parallel", "--parallel-max", str(parallel), "-K", str(cfg)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    got = sum(int(x) for x in r.stdout.split())
+    if r.returncode != 0 or got != size:
+        raise SystemExit(f"curl --parallel {parallel}: exit {r.returncode}, {got} of {size} bytes: {r.stderr[-500:]}")
+    return dt
+
+
+def python_download(endpoint: str, key: str, size: int, part: int, parallel: int) -> float:
+    """Ranged GETs signed with botocore's SigV4, `parallel` threads on keep-alive connections, bodies discarded."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    creds = Credentials(KEY_ID, SECRET)
+    host = endpoint.split("://", 1)[1]
+    todo = ranges(size, part)
+    lock = threading.Lock()
+    got = [0]
+    errors: list[str] = []
+
+    def worker():
+        conn = http.client.HTTPConnection(host, timeout=60)
+        buf = bytearray(part)
+        view = memoryview(buf)
+        while True:
+            with lock:
+                if not todo or errors:
+                    break
+                a, b = todo.pop()
+            req = AWSRequest(method="GET", url=f"{endpoint}/{BUCKET}/{key}", headers={"Range": f"bytes={a}-{b}"})
+            S3SigV4Auth(creds, "s3", REGION).add_auth(req)
+            conn.request("GET", f"/{BUCKET}/{key}", headers=dict(req.headers.items()))
+            resp = conn.getresponse()
+            if resp.status != 206:
+                errors.append(f"{resp.status} {resp.read(300)!r}")
+                break
+            want, n = b + 1 - a, 0
+            while n < want:
+                k = resp.readinto(view[: want - n])
+                if not k:
+                    break
+                n += k
+            with lock:
+                got[0] += n
+        conn.close()
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker) for _ in range(parallel)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    if errors or got[0] != size:
+        raise SystemExit(f"python download x{parallel}: {got[0]} of {size} bytes: {errors[:3]}")
+    return dt
+
+
+# ---- xpackfs ----------------------------------------------------------------------------------------------------
+def xenv(digests: Path) -> dict:
+    return dict(os.environ, AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION=REGION,
+                XPACKFS_DIGEST_STORE=str(digests))
+
+
+def mount(a, source: str, mnt: Path, opts: str, env: dict) -> float:
+    mnt.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    r = subprocess.run([a.xpackfs, "mount", source, str(mnt), "-o", opts], env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"mount {source}: {r.stderr[-2000:]}")
+    _mounts.append(mnt)
+    return dt
+
+
+def unmount(mnt: Path) -> None:
+    umount(mnt)
+    if mnt in _mounts:
+        _mounts.remove(mnt)
+
+
+def read_files(paths: list[Path]) -> tuple[int, float]:
+    """`cat FILE > /dev/null` of each file in turn: bytes and seconds."""
+    t0 = time.perf_counter()
+    n = 0
+    for p in paths:
+        subprocess.run(["cat", str(p)], stdout=subprocess.DEVNULL, check=True)
+        n += p.stat().st_size
+    return n, time.perf_counter() - t0
+
+
+def stats_remote(mnt: Path) -> dict:
+    try:
+        return json.loads((mnt / ".xpackfs/stats.json").read_text()).get("remote", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def view_files(mnt: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    return sorted(p for p in mnt.rglob("*") if p.is_file() and p.name.endswith(suffixes) and ".xpackfs" not in p.parts)
+
+
+# ---- figures ----------------------------------------------------------------------------------------------------
+def summary(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "xpackfs-bench")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--ff", type=int, default=1024)
+    ap.add_argument("--part-mib", type=int, default=8, help="range size of the baseline downloads")
+    ap.add_argument("--parallel", default="8,16,32", help="parallel levels of the baseline downloads")
+    ap.add_argument("--xpackfs", default=str(Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "release/xpackfs"))
+    ap.add_argument("--s3s-fs", default=None, help="the s3s-fs binary (default: PATH, ~/.cargo/bin)")
+    ap.add_argument("--s3s-target", default=str(Path(tempfile.gettempdir()) / "target-s3s"),
+                    help="CARGO_TARGET_DIR for installing s3s-fs")
+    ap.add_argument("--single-mib", type=int, default=64, help="bytes of the one-stream download (python x1)")
+    ap.add_argument("--skip-requant", action="store_true")
+    ap.add_argument("--requant-shape", default="2048,1024,8,2", help="hidden,inter,experts,layers of the V4.1 checkpoint")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    a = ap.parse_args()
+    if os.geteuid() != 0 or not Path("/dev/fuse").exists():
+        raise SystemExit("needs root and /dev/fuse (drop_caches, FUSE mounts)")
+    if not Path(a.xpackfs).exists():
+        raise SystemExit(f"no xpackfs binary at {a.xpackfs} (cargo build --release, or --xpackfs)")
+    atexit.register(cleanup)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    parallel = [int(x) for x in a.parallel.split(",")]
+    have_curl = shutil.which("curl") is not None
+    if not have_curl:
+        log("no curl: the baseline is the Python client's alone")
+    part = a.part_mib * MIB
+
+    gguf = bench_gguf(a.workdir, a.layers, a.experts, a.hidden, a.ff)
+    v41 = None
+    if not a.skip_requant:
+        h, i, e, layers = a.requant_shape.split(",")
+        v41 = a.workdir / f"v41-{h}x{i}x{e}x{layers}"
+        if not (v41 / "config.json").exists():
+            subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(v41), "--variant", "v41",
+                            "--hidden", h, "--inter", i, "--experts", e, "--layers", layers], check=True)
+    exe = s3s_binary(a)
+    with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmpd:
+        tmp = Path(tmpd)
+        data = tmp / "s3"
+        endpoint = start_s3s(exe, data)
+        log(f"s3s-fs at {endpoint}, uploading {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB)")
+        s3 = s3_client(endpoint)
+        key = "model.gguf"
+        obj = upload(s3, gguf, key)
+        size = obj["size"]
+        served = [data / BUCKET / key]
+        if v41 is not None:
+            for f in sorted(v41.rglob("*")):
+                if f.is_file():
+                    upload(s3, f, f.relative_to(v41).as_posix(), CKPT_BUCKET)
+                    served.append(data / CKPT_BUCKET / f.relative_to(v41).as_posix())
+        served = [p for p in served if p.exists()]
+        url = f"s3://{BUCKET}/{key}"
+        digests = tmp / "digests"
+        env = xenv(digests)
+        eo = f"endpoint={endpoint}"
+        # The digest pass, once (it streams the object); the mounts below then read headers only.
+        drop_caches()
+        warm(served)
+        t0 = time.perf_counter()
+        r = subprocess.run([a.xpackfs, "digest", url, "--endpoint", endpoint], env=env, capture_output=True, text=True)
+        digest_s = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise SystemExit(f"digest {url}: {r.stderr[-2000:]}")
+        for src in ([f"s3://{CKPT_BUCKET}/", str(v41)] if v41 is not None else []):
+            r = subprocess.run([a.xpackfs, "digest", src, "--endpoint", endpoint], env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"digest {src}: {r.stderr[-2000:]}")
+        # The first mount of each view hashes the view once (the pack's pack_sha256 streams the object again) and
+        # stores it; timed here, so every mount in the rounds reads headers only.
+        first_mount: dict[str, float] = {}
+        for name, src, opts in [("pack", url, "ro")] + ([("requant s3", f"s3://{CKPT_BUCKET}/", "ro,view=requant"),
+                                                         ("requant local", str(v41), "ro,view=requant")] if v41 else []):
+            drop_caches()
+            warm(served)
+            m = tmp / "mnt-first"
+            first_mount[name] = mount(a, src, m, f"{eo},{opts}", env)
+            unmount(m)
+        # One stream, one request in flight at a time, on the first --single-mib of the object: the rate a
+        # reader that fetches each read synchronously can reach at best.
+        single = min(size, a.single_mib * MIB)
+
+        res: dict[str, list[float]] = {}
+        extra: dict[str, object] = {"object_bytes": size, "etag": obj["etag"], "digest_pass_s": digest_s,
+                                    "first_mount_s": first_mount, "single_stream_bytes": single}
+
+        def add(name: str, seconds: float) -> None:
+            res.setdefault(name, []).append(seconds)
+
+        def cold() -> None:
+            drop_caches()
+            warm(served)
+
+        for rnd in range(a.rounds):
+            log(f"round {rnd + 1}/{a.rounds}")
+            cold()
+            add("python x1", python_download(endpoint, key, single, part, 1))
+            for p in parallel:
+                if have_curl:
+                    cold()
+                    add(f"curl x{p}", curl_download(endpoint, key, size, part, p, tmp))
+                cold()
+                add(f"python x{p}", python_download(endpoint, key, size, part, p))
+            # pack: a fresh mount each round, cold cat of the expert pack.
+            mnt = tmp / "mnt-pack"
+            cold()
+            add("pack mount", mount(a, url, mnt, f"{eo},ro", env))
+            packs = view_files(mnt, (".pack",))
+            n, dt = read_files(packs)
+            add("pack cat", dt)
+            extra["pack_bytes"] = n
+            extra.setdefault("pack_remote_stats", []).append(stats_remote(mnt))
+            unmount(mnt)
+            # SGLang's reader over a fresh mount.
+            cold()
+            mount(a, url, mnt, f"{eo},ro", env)
+            r = subprocess.run([sys.executable, str(REPO / "tools/sglang_read.py"), str(packs[0]), "--direct-io", "--json"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"sglang_read: {r.stderr[-2000:]}")
+            sg = json.loads(r.stdout.strip().splitlines()[-1])
+            add("sglang", sg["seconds"])
+            extra["sglang_bytes"] = sg["bytes"]
+            extra.setdefault("sglang_remote_stats", []).append(stats_remote(mnt))
+            unmount(mnt)
+            # requant: s3:// and local, alternating which goes first.
+            if v41 is not None:
+                order = [("requant s3", f"s3://{CKPT_BUCKET}/"), ("requant local", str(v41))]
+                for name, src in (order if rnd % 2 == 0 else order[::-1]):
+                    m = tmp / "mnt-requant"
+                    cold()
+                    mount(a, src, m, f"{eo},ro,view=requant", env)
+                    files = view_files(m, (".safetensors",))
+                    n, dt = read_files(files)
+                    add(name, dt)
+                    extra["requant_bytes"] = n
+                    if name == "requant s3":
+                        extra.setdefault("requant_remote_stats", []).append(stats_remote(m))
+                    unmount(m)
+
+        med = {k: summary(v) for k, v in res.items()}
+        base_name = min((k for k in med if k.startswith(("curl", "python")) and k != "python x1"),
+                        key=lambda k: med[k]["median"])
+        base_s = med[base_name]["median"]
+        base_gbs = size / base_s / 1e9
+
+        def gbs(name: str, nbytes: int) -> float:
+            return nbytes / med[name]["median"] / 1e9
+
+        rows = [(k, med[k]["median"], size / med[k]["median"] / 1e9, size / med[k]["median"] / 1e9 / base_gbs)
+                for k in med if k.startswith(("curl", "python")) and k != "python x1"]
+        one = gbs("python x1", single)
+        rows.append((f"python x1 (first {single >> 20} MiB)", med["python x1"]["median"], one, one / base_gbs))
+        pack_gbs = gbs("pack cat", extra["pack_bytes"])
+        rows.append(("pack cat (xpackfs s3://)", med["pack cat"]["median"], pack_gbs, pack_gbs / base_gbs))
+        sg_gbs = gbs("sglang", extra["sglang_bytes"])
+        rows.append(("sglang O_DIRECT 4 splits", med["sglang"]["median"], sg_gbs, sg_gbs / base_gbs))
+        ratios = {"pack_vs_baseline": pack_gbs / base_gbs, "sglang_vs_baseline": sg_gbs / base_gbs,
+                  "cached_second_mount_vs_local": None}
+
+        def net_per_byte(stats_key: str, nbytes: int) -> float | None:
+            got = [st.get("bytes", 0) for st in extra.get(stats_key, []) if st]
+            return statistics.median(got) / nbytes if got else None
+
+        # Network bytes per byte read (1.0: each source byte crossed once; the pack is about the GGUF's size). For
+        # requant it is source bytes per output byte: the quantised view is smaller than its BF16 source.
+        extra["network_bytes_per_byte_read"] = {
+            "pack cat": net_per_byte("pack_remote_stats", extra["pack_bytes"]),
+            "sglang": net_per_byte("sglang_remote_stats", extra["sglang_bytes"])}
+        if v41 is not None:
+            extra["network_bytes_per_byte_read"]["requant s3"] = net_per_byte("requant_remote_stats",
+                                                                              extra["requant_bytes"])
+        if v41 is not None:
+            rs, rl = gbs("requant s3", extra["requant_bytes"]), gbs("requant local", extra["requant_bytes"])
+            rows.append(("requant over s3://", med["requant s3"]["median"], rs, None))
+            rows.append(("requant over local", med["requant local"]["median"], rl, None))
+            ratios["requant_s3_vs_local"] = rs / rl
+        out = {"baseline": {"name": base_name, "seconds": base_s, "gb_per_s": base_gbs}, "measures": med,
+               "ratios": ratios, "pack_mount_s": med["pack mount"]["median"], **extra,
+               "rounds": a.rounds, "part_mib": a.part_mib, "xpackfs": a.xpackfs,
+               "cached_second_mount": "n/a (issue 25: fetched-block cache not built yet)"}
+        print(f"object {size / 1e6:.1f} MB, pack {extra['pack_bytes'] / 1e6:.1f} MB, {a.rounds} rounds, medians; "
+              f"digest pass {digest_s:.2f} s; first mounts (view digests) "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in first_mount.items())
+              + f"; later pack mounts {med['pack mount']['median']:.2f} s")
+        print(f"{'measure':34} {'seconds':>8} {'GB/s':>7} {'x baseline':>10}")
+        for name, s, g, x in rows:
+            print(f"{name:34} {s:8.3f} {g:7.3f} {('%.2f' % x) if x is not None else '':>10}")
+        print(f"baseline: {base_name} ({base_gbs:.3f} GB/s)")
+        print("ratios: " + ", ".join(f"{k} {('%.2f' % v) if v is not None else 'n/a'}" for k, v in ratios.items()))
+        print("network bytes per byte read: " + ", ".join(
+            f"{k} {('%.2f' % v) if v is not None else 'n/a'}" for k, v in extra["network_bytes_per_byte_read"].items()))
+        print("second mount with fetched blocks cached: n/a (not built yet)")
+        if a.json:
+            a.json.write_text(json.dumps(out, indent=1))
+        print(json.dumps(out))
+        cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
