@@ -688,6 +688,18 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     let (fourth, s4) = mount_read(&env, url, &opts, "sample-moe.pack");
     assert!(fourth == want_other, "the replaced object's pack differs (old parts served?)");
     assert!(s4["bytes"].as_u64().unwrap() > 0, "{s4}");
+
+    // `warm URL` fills a fresh cache before any mount: the mount then reads no byte from the
+    // network.
+    let cache2 = tmp();
+    let disk2 = format!("--disk-cache={}", cache2.path().display());
+    let o = xpackfs(&env, &["warm", url, &disk2, "--remote-part-mb=1", "--json"]);
+    assert!(o.status.success(), "warm: {}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["fetched"]["bytes"].as_u64().unwrap() > 0 && report["fetched"]["failed"] == 0, "{report}");
+    let (fifth, s5) = mount_read(&env, url, &[disk2.as_str(), "--remote-part-mb=1", "--cache-mb=1"], "sample-moe.pack");
+    assert!(fifth == want_other, "after warm: the pack differs");
+    assert_eq!(s5["bytes"], 0, "the mount after warm fetched bytes: {s5}");
 }
 
 /// `gs://` against `gcp-storage-emulator` (PyPI). `STORAGE_EMULATOR_HOST` must send the

@@ -125,6 +125,30 @@ pub fn run(a: WarmArgs) -> i32 {
         if items.is_empty() {
             tracing::info!("the {} view has no computed chunks to keep: nothing to warm", built.view.name());
         }
+        // A remote source: what the files serve of it as it is, fetched into the cache first.
+        let remote = warm::remote_ranges(&files);
+        let fetched = if remote.is_empty() {
+            None
+        } else {
+            let total: u64 = remote.iter().flat_map(|(_, v)| v.iter().map(|(a, b)| b - a)).sum();
+            let progress = Arc::new(warm::Progress::default());
+            let report = {
+                let _bar = Bar::start(total, progress.clone());
+                warm::fetch_sources(&remote, &progress)
+            };
+            if !a.json {
+                eprintln!(
+                    "fetched {} bytes of {} remote source files into {} in {:.1}s ({:.2} GB/s), {} failed",
+                    report.bytes,
+                    report.items,
+                    dir.display(),
+                    report.seconds,
+                    report.bytes as f64 / report.seconds.max(1e-9) / 1e9,
+                    report.failed
+                );
+            }
+            Some(report)
+        };
         let prio = if a.nice { Priority::Background } else { Priority::Read };
         let progress = Arc::new(warm::Progress::default());
         let report = {
@@ -136,7 +160,7 @@ pub fn run(a: WarmArgs) -> i32 {
         if a.json {
             println!(
                 "{}",
-                serde_json::json!({"warm": report, "files": files_report, "disk_cache": snap, "bytes_computed": ctx.tiers.mem.stats.bytes_computed.get()})
+                serde_json::json!({"warm": report, "fetched": fetched, "files": files_report, "disk_cache": snap, "bytes_computed": ctx.tiers.mem.stats.bytes_computed.get(), "remote": crate::source::remote::stats::snapshot()})
             );
         } else {
             eprintln!(
@@ -159,7 +183,7 @@ pub fn run(a: WarmArgs) -> i32 {
         if snap.write_errors > 0 {
             tracing::warn!("{} entries could not be written to the disk cache (see the warnings above): warm again once the cause is fixed", snap.write_errors);
         }
-        Ok(report.failed == 0 && snap.write_errors == 0)
+        Ok(report.failed == 0 && fetched.is_none_or(|f| f.failed == 0) && snap.write_errors == 0)
     })();
     match result {
         Ok(true) => 0,

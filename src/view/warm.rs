@@ -2,6 +2,10 @@
 //! priority or niced) and a mount's `prewarm=on` (the background pool, yielding to reads)
 //! both run [`run`] over the items [`plan`] lists.
 //!
+//! For a remote source, [`fetch_sources`] first reads what the files serve of it as it is
+//! (their `Source` extents) once, so its fetched parts land in the disk cache too (the
+//! computed chunks read the source as they are computed, and so fetch theirs).
+//!
 //! After the chunks, [`write_files`] keeps each warmed file whole in the disk cache too
 //! ([`crate::store::file_entries`]), from the chunks now on disk: a later mount hands those files to
 //! the kernel.
@@ -25,6 +29,7 @@ use parking_lot::Mutex;
 use rayon::prelude::*;
 
 use super::{ChunkProducer, Extent, Tiers, VirtualFile};
+use crate::source::SourceFile;
 use crate::store::disk::{HEADER_BYTES, seal_len};
 use crate::store::file_entries::{self, FileEntries};
 use crate::store::{Priority, ReadCtx, Warmed};
@@ -65,6 +70,96 @@ pub fn plan(files: &[(String, Arc<VirtualFile>)]) -> Vec<Item> {
         }
     }
     items
+}
+
+/// Source files and, per file, sorted disjoint byte ranges `[start, end)`.
+pub type FileRanges = Vec<(Arc<SourceFile>, Vec<(u64, u64)>)>;
+
+/// The byte ranges of remote source files that `files` serve as they are (`Source` extents),
+/// merged and sorted per file, files in the order first met.
+pub fn remote_ranges(files: &[(String, Arc<VirtualFile>)]) -> FileRanges {
+    let mut order: Vec<Arc<SourceFile>> = Vec::new();
+    let mut ranges: std::collections::HashMap<*const SourceFile, Vec<(u64, u64)>> = std::collections::HashMap::new();
+    for (_, f) in files {
+        for (_, e) in f.extents() {
+            let Extent::Source { file, offset, len } = e else { continue };
+            if !file.is_remote() {
+                continue;
+            }
+            let v = ranges.entry(Arc::as_ptr(file)).or_insert_with(|| {
+                order.push(file.clone());
+                Vec::new()
+            });
+            v.push((*offset, offset + len));
+        }
+    }
+    order
+        .into_iter()
+        .map(|file| {
+            let mut v = ranges.remove(&Arc::as_ptr(&file)).unwrap_or_default();
+            v.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+            for (a, b) in v {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            (file, merged)
+        })
+        .collect()
+}
+
+/// Read `ranges` of remote source files once, in order, so that their fetched parts land in
+/// the disk cache (`source::remote::parts`, with its read-ahead running the GETs in
+/// parallel): a later mount serves those bytes without the network. Files are read two at a
+/// time; `progress.bytes` counts what was read. A file whose read fails is logged and
+/// counted, and the others go on.
+pub fn fetch_sources(ranges: &FileRanges, progress: &Progress) -> Report {
+    let started = Instant::now();
+    let errors = Mutex::new(Vec::new());
+    let next = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 8 << 20];
+                loop {
+                    let i = next.fetch_add(1, Relaxed) as usize;
+                    let Some((file, spans)) = ranges.get(i) else { break };
+                    let r = spans.iter().try_for_each(|&(a, b)| {
+                        let mut at = a;
+                        while at < b {
+                            let n = (b - at).min(buf.len() as u64) as usize;
+                            file.read_exact_at(&mut buf[..n], at)?;
+                            progress.bytes.fetch_add(n as u64, Relaxed);
+                            at += n as u64;
+                        }
+                        Ok::<_, crate::source::SourceError>(())
+                    });
+                    match r {
+                        Ok(()) => progress.computed.fetch_add(1, Relaxed),
+                        Err(e) => {
+                            tracing::warn!("warm: fetching {}: {e}", file.path().display());
+                            let mut errs = errors.lock();
+                            if errs.len() < ERRORS_KEPT {
+                                errs.push(format!("{}: {e}", file.path().display()));
+                            }
+                            progress.failed.fetch_add(1, Relaxed)
+                        }
+                    };
+                }
+            });
+        }
+    });
+    Report {
+        items: ranges.len() as u64,
+        bytes: ranges.iter().flat_map(|(_, v)| v.iter().map(|(a, b)| b - a)).sum(),
+        present: 0,
+        computed: progress.computed.load(Relaxed),
+        failed: progress.failed.load(Relaxed),
+        errors: errors.into_inner(),
+        seconds: started.elapsed().as_secs_f64(),
+    }
 }
 
 /// Disk-cache bytes the items take (entries with their headers).

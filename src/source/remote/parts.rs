@@ -10,9 +10,9 @@
 //! moves into doubles its window (up to the configured maximum). A stream with a window
 //! reads whole parts and has the next `window` parts fetched ahead, by a pool of fetch
 //! threads (`remote_concurrency`), so that many GETs are in flight at once. A read that
-//! continues no stream starts a new one with no window and is served by a GET of exactly
-//! its range (a header, a random read: no part is fetched for it), unless its parts are
-//! already held.
+//! continues no stream starts a new one with no window and, if it is shorter than half a
+//! part, is served by a GET of exactly its range (a header, a random read: no part is
+//! fetched for it), unless its parts are already held; a longer one reads whole parts.
 //!
 //! Memory: parts held (fetched or being fetched) count against the budget
 //! (`remote_memory_mb`). Read-ahead is admitted only while the budget has room, after
@@ -272,7 +272,9 @@ impl Parts {
         let end = offset + buf.len() as u64;
         let (first, last) = (offset / ps, (end - 1) / ps);
         let window = p.note_read(object, offset, end);
-        if window == 0 {
+        // A read of half a part or more goes through parts even without a stream: little is
+        // fetched beyond it, and what is fetched is held (and kept on disk) as parts.
+        if window == 0 && (buf.len() as u64) < ps / 2 {
             // No stream: the parts if all are held (in memory, or on disk), else a GET of this
             // range only.
             if let Some(held) = p.held(object, first, last).or_else(|| p.held_on_disk(object, size, first, last)) {
