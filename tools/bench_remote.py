@@ -324,6 +324,7 @@ def main() -> int:
                     help="CARGO_TARGET_DIR for installing s3s-fs")
     ap.add_argument("--single-mib", type=int, default=64, help="bytes of the one-stream download (python x1)")
     ap.add_argument("--skip-requant", action="store_true")
+    ap.add_argument("--mount-opts", default="", help="more -o options of the xpackfs mounts (e.g. remote_concurrency=32)")
     ap.add_argument("--requant-shape", default="2048,1024,8,2", help="hidden,inter,experts,layers of the V4.1 checkpoint")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
     a = ap.parse_args()
@@ -368,7 +369,7 @@ def main() -> int:
         url = f"s3://{BUCKET}/{key}"
         digests = tmp / "digests"
         env = xenv(digests)
-        eo = f"endpoint={endpoint}"
+        eo = f"endpoint={endpoint}" + (f",{a.mount_opts}" if a.mount_opts else "")
         # The digest pass, once (it streams the object); the mounts below then read headers only.
         drop_caches()
         warm(served)
