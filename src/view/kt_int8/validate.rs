@@ -122,8 +122,9 @@ fn is_remote(p: &Path) -> bool {
 
 fn resolve_root(root: &Path) -> R<PathBuf> {
     if is_remote(root) {
-        // A URL is absolute and has no symlinks to resolve.
-        if entry_kind(root) != Some(EntryKind::Dir) {
+        // A URL is absolute and has no symlinks to resolve. The root is listed once now: what
+        // is looked up in it below is then answered from that listing, not asked one by one.
+        if entry_kind(root) != Some(EntryKind::Dir) || list_entries(root).is_err() {
             return Err(format!("persistent INT8 weight root must be a directory: {}", root.display()));
         }
         return Ok(root.to_path_buf());
