@@ -65,6 +65,8 @@ const IMATRICES: &[(&str, &str, &str)] = &[
     ("llama16-untied-mixed.gguf", "llama16-untied.imatrix.dat", "--legacy --drop output.weight"),
     ("qwen3moe8-bf16.gguf", "qwen3moe8.imatrix.gguf", "--resize token_embd.weight --zero-count blk.1.ffn_down_exps.weight --drop blk.2.attn_q.weight"),
     ("qwen3moe8-split-00001-of-00003.gguf", "qwen3moe8-split.imatrix.dat", "--legacy --seed 7"),
+    ("deepseek2-bf16.gguf", "deepseek2.imatrix.gguf", "--zero-count blk.2.attn_k_b.weight --drop blk.1.ffn_up_shexp.weight"),
+    ("qwen3moe16-bf16.gguf", "qwen3moe16.imatrix.dat", "--legacy --seed 3"),
     // Refusals (imatrix_problems_are_refused_as_llama_quantize_refuses_them).
     ("llama16-tied-bf16.gguf", "llama16-bad-size.imatrix.gguf", "--resize blk.5.attn_k.weight"),
     ("llama16-tied-bf16.gguf", "llama16-nan.imatrix.gguf", "--nan blk.9.ffn_up.weight"),
@@ -143,6 +145,8 @@ const FIXTURES: &[&str] = &[
     "llama16-untied-mixed.gguf",
     "qwen3moe8-bf16.gguf",
     "qwen3moe8-split-00002-of-00003.gguf",
+    "qwen3moe16-bf16.gguf",
+    "deepseek2-bf16.gguf",
 ];
 /// Every file type the view offers, and the unquantized ones: (name, llama_ftype).
 const FTYPES: &[(&str, u32)] = &[
@@ -216,6 +220,8 @@ fn the_type_choice_of_every_offered_file_type_equals_llama_cpps() {
         "qwen3moe8-bf16.gguf",
         "qwen3moe8-split-00001-of-00003.gguf",
         "llama80-gqa-bf16.gguf",
+        "qwen3moe16-bf16.gguf",
+        "deepseek2-bf16.gguf",
     ] {
         let src = xpackfs::source::Source::open(&fixtures().join(fx)).unwrap();
         for &ftype in Ftype::OFFERED {
@@ -239,7 +245,7 @@ fn the_view_needs_a_file_type() {
 
 #[test]
 fn llama_cpp_loads_the_view() {
-    for fx in ["llama16-tied-bf16.gguf", "qwen3moe8-bf16.gguf"] {
+    for fx in ["llama16-tied-bf16.gguf", "qwen3moe8-bf16.gguf", "qwen3moe16-bf16.gguf"] {
         let built = build(&fixtures().join(fx), &["view=gguf", "ftype=Q8_0"]).unwrap();
         let (name, bytes) = read_view(&built).unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -332,7 +338,7 @@ const IMATRIX_FTYPES: &[&str] =
 #[test]
 fn with_an_imatrix_every_fixture_and_file_type_equals_llama_quantize() {
     let (mut checked, mut refused) = (0, 0);
-    for (k, (model, imatrix, _)) in IMATRICES.iter().take(4).enumerate() {
+    for (k, (model, imatrix, _)) in IMATRICES.iter().take(6).enumerate() {
         let imatrix = fixtures().join(imatrix);
         // The view is named by the second part of the split set, llama.cpp by the first.
         let named = fixtures().join(model.replace("-00001-", "-00002-"));
@@ -358,7 +364,7 @@ fn with_an_imatrix_every_fixture_and_file_type_equals_llama_quantize() {
         }
     }
     eprintln!("byte-identical with llama-quantize --imatrix: {checked} fixture x file type pairs; {refused} refused by both");
-    assert!(checked >= 4 * IMATRIX_FTYPES.len() - 2 && refused <= 2, "{checked} checked, {refused} refused");
+    assert!(checked >= 6 * IMATRIX_FTYPES.len() - 2 && refused <= 2, "{checked} checked, {refused} refused");
 }
 
 #[test]
