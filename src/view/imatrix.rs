@@ -131,12 +131,14 @@ impl Imatrix {
             Some(MetaValue::Array { values: Some(v), .. }) => v.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
             _ => Vec::new(),
         };
-        // gguf_get_val_u32 of the count (llama.cpp aborts on another type; refused here).
-        let chunk_count = match kv("imatrix.chunk_count") {
-            None => 0,
-            Some(MetaValue::U32(v)) => *v as i32,
-            Some(other) => return Err(err(path, format!("imatrix.chunk_count is {other:?}, not a uint32"))),
+        // gguf_get_val_u32 of the count and size (llama.cpp aborts on another type; refused here).
+        let u32_kv = |k: &str| match kv(k) {
+            None => Ok(0),
+            Some(MetaValue::U32(v)) => Ok(*v),
+            Some(other) => Err(err(path, format!("{k} is {other:?}, not a uint32"))),
         };
+        let chunk_count = u32_kv("imatrix.chunk_count")? as i32;
+        u32_kv("imatrix.chunk_size")?;
         let has_metadata = ["imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"].iter().all(|k| kv(k).is_some());
         let meta = Meta { datasets, chunk_count, has_metadata };
         let by_name: HashMap<&str, &crate::source::TensorInfo> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
