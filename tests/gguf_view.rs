@@ -445,3 +445,23 @@ fn mounted_with_a_relative_imatrix_equals_llama_quantize() {
     assert_same("mounted qwen3moe8 Q4_K_M with a relative imatrix path", &got, &want);
     m.unmount();
 }
+
+#[test]
+fn llama_model_quantize_with_imatrix_and_kv_overrides_equals_the_command_and_the_view() {
+    // What the command adds, done through the library (params.imatrix, params.kv_overrides):
+    // the same bytes, so the view is what both write.
+    for (model, imatrix, ftype, number) in
+        [("qwen3moe8-bf16.gguf", "qwen3moe8.imatrix.gguf", "Q4_K_M", 15), ("llama16-untied-mixed.gguf", "llama16-untied.imatrix.dat", "Q5_K_M", 17)]
+    {
+        let (src, imatrix) = (fixtures().join(model), fixtures().join(imatrix));
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("lib.gguf");
+        run_ok(peer().arg("quantize").arg(&src).arg(&out).arg(number.to_string()).arg("2").arg("--imatrix").arg(&imatrix));
+        let lib = std::fs::read(&out).unwrap();
+        let cmd = llama_quantize_imatrix(&src, ftype, &imatrix, 1).unwrap();
+        assert_same(&format!("{model} {ftype}: llama_model_quantize with kv_overrides vs the command"), &lib, &cmd);
+        let opts = ["view=gguf".to_string(), format!("ftype={ftype}"), format!("imatrix={}", imatrix.display())];
+        let (_, got) = read_view(&build(&src, &opts.iter().map(String::as_str).collect::<Vec<_>>()).unwrap()).unwrap();
+        assert_same(&format!("{model} {ftype} imatrix"), &got, &lib);
+    }
+}
