@@ -439,4 +439,36 @@ mod tests {
         m.insert("general.architecture".into(), MetaValue::Str("gpt2".into()));
         assert!(load(&m).unwrap_err().to_string().contains("not ported"));
     }
+
+    #[test]
+    fn deepseek2_needs_its_mla_and_expert_keys() {
+        let u = MetaValue::U32;
+        let mut m = meta(&[
+            ("general.architecture", MetaValue::Str("deepseek2".into())),
+            ("deepseek2.context_length", u(64)),
+            ("deepseek2.embedding_length", u(256)),
+            ("deepseek2.block_count", u(4)),
+            ("deepseek2.attention.head_count", u(4)),
+            ("deepseek2.attention.head_count_kv", u(1)),
+            ("deepseek2.attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
+        ]);
+        let reason = |m: &BTreeMap<String, MetaValue>| load(m).unwrap_err().to_string();
+        assert_eq!(reason(&m), "key not found in model: deepseek2.attention.q_lora_rank");
+        m.insert("deepseek2.attention.q_lora_rank".into(), u(256));
+        assert_eq!(reason(&m), "key not found in model: deepseek2.attention.kv_lora_rank");
+        m.insert("deepseek2.attention.kv_lora_rank".into(), u(256));
+        assert_eq!(reason(&m), "key not found in model: deepseek2.expert_feed_forward_length");
+        m.insert("deepseek2.expert_feed_forward_length".into(), u(128));
+        assert_eq!(reason(&m), "key not found in model: deepseek2.expert_shared_count");
+        m.insert("deepseek2.expert_shared_count".into(), u(1));
+        m.insert("deepseek2.expert_weights_norm".into(), u(1));
+        assert_eq!(reason(&m), "key deepseek2.expert_weights_norm has wrong type u32 but expected type bool");
+        m.insert("deepseek2.expert_weights_norm".into(), MetaValue::Bool(true));
+        assert_eq!(load(&m).unwrap().n_gqa, 4);
+        // The lite variants (27 layers) have no q_lora_rank.
+        m.remove("deepseek2.attention.q_lora_rank");
+        assert!(load(&m).is_err());
+        m.insert("deepseek2.block_count".into(), u(27));
+        assert_eq!(load(&m).unwrap().n_layer_all, 27);
+    }
 }
