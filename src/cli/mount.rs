@@ -33,9 +33,10 @@ pub fn run(a: MountArgs) -> i32 {
         p if p.is_relative() => std::env::current_dir().map(|d| d.join(p).to_string_lossy().into_owned()).unwrap_or(mountpoint),
         _ => mountpoint,
     };
-    // The imatrix too (the gguf view records the path as written in quantize.imatrix.file).
+    // The gguf view's imatrix too (it records the path as written in quantize.imatrix.file).
     let mut options = options;
-    if let Some(p) = options.view.requant.imatrix.clone().filter(|p| p.is_relative())
+    if options.view.view == "gguf"
+        && let Some(p) = options.view.requant.imatrix.clone().filter(|p| p.is_relative())
         && let Ok(abs) = std::path::absolute(&p)
     {
         options.view.gguf_out.imatrix_as_given = Some(p.into_os_string());
