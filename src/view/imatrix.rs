@@ -82,6 +82,9 @@ pub struct Imatrix {
     /// A GGUF imatrix with `imatrix.datasets`, `imatrix.chunk_count` and `imatrix.chunk_size`
     /// (llama-quantize refuses a GGUF imatrix without them); true for the legacy format.
     pub has_metadata: bool,
+    /// A metadata key of a type llama-quantize's loader aborts on (`imatrix.chunk_count` or
+    /// `imatrix.chunk_size` not a uint32).
+    pub metadata_problem: Option<String>,
     file: Arc<SourceFile>,
     entries: HashMap<String, Entry>,
 }
@@ -92,6 +95,7 @@ struct Meta {
     datasets: Vec<String>,
     chunk_count: i32,
     has_metadata: bool,
+    problem: Option<String>,
 }
 
 impl Imatrix {
@@ -119,8 +123,8 @@ impl Imatrix {
         if entries.is_empty() {
             return Err(err(path, "no importance entries"));
         }
-        let Meta { datasets, chunk_count, has_metadata } = meta;
-        Ok(Imatrix { path: path.to_path_buf(), sha256, format, datasets, chunk_count, has_metadata, file, entries })
+        let Meta { datasets, chunk_count, has_metadata, problem } = meta;
+        Ok(Imatrix { path: path.to_path_buf(), sha256, format, datasets, chunk_count, has_metadata, metadata_problem: problem, file, entries })
     }
 
     fn gguf_entries(path: &Path, file: &Arc<SourceFile>) -> Result<(HashMap<String, Entry>, Meta), ViewError> {
@@ -131,16 +135,21 @@ impl Imatrix {
             Some(MetaValue::Array { values: Some(v), .. }) => v.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
             _ => Vec::new(),
         };
-        // gguf_get_val_u32 of the count and size (llama.cpp aborts on another type; refused here).
-        let u32_kv = |k: &str| match kv(k) {
-            None => Ok(0),
-            Some(MetaValue::U32(v)) => Ok(*v),
-            Some(other) => Err(err(path, format!("{k} is {other:?}, not a uint32"))),
+        // gguf_get_val_u32 of the count and size: llama-quantize aborts on another type, which
+        // the gguf view refuses (the requant view does not read them).
+        let mut problem = None;
+        let mut u32_kv = |k: &str| match kv(k) {
+            Some(MetaValue::U32(v)) => *v,
+            Some(other) => {
+                problem.get_or_insert_with(|| format!("{k} is {other:?}, not a uint32"));
+                0
+            }
+            None => 0,
         };
-        let chunk_count = u32_kv("imatrix.chunk_count")? as i32;
-        u32_kv("imatrix.chunk_size")?;
+        let chunk_count = u32_kv("imatrix.chunk_count") as i32;
+        u32_kv("imatrix.chunk_size");
         let has_metadata = ["imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"].iter().all(|k| kv(k).is_some());
-        let meta = Meta { datasets, chunk_count, has_metadata };
+        let meta = Meta { datasets, chunk_count, has_metadata, problem };
         let by_name: HashMap<&str, &crate::source::TensorInfo> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut out = HashMap::new();
         for t in &tensors {

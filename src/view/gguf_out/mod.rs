@@ -181,6 +181,9 @@ pub fn open_imatrix(path: &Path) -> Result<Imatrix, ViewError> {
     if !m.has_metadata {
         return Err(Refusal::ImatrixMetadata { imatrix: path.display().to_string() }.into());
     }
+    if let Some(rule) = &m.metadata_problem {
+        return Err(ViewError::option("imatrix", format!("{}: {rule} (llama-quantize's loader aborts on it)", path.display())));
+    }
     m.check_all()?;
     Ok(m)
 }
