@@ -5,7 +5,11 @@
 //! (tools/llama_quantize_peer.py; tools/llama_cpp_peer.sh builds the package once into a
 //! cache), and llama.cpp loads the view's file. File types that need a quantizer xpackfs
 //! does not have yet are refused at mount, naming it; a NaN in a row fails the reads of
-//! that tensor, as it fails llama-quantize.
+//! that tensor, as it fails llama-quantize. With `-o imatrix=` the view's file equals what
+//! llama.cpp's own `llama-quantize --imatrix` command writes (built from the same vendored
+//! sources by tools/llama_quantize_tool.sh: the command, not the library, loads the imatrix
+//! and adds the `quantize.imatrix.*` keys), for imatrices in both formats written by
+//! tools/make_gguf_imatrix.py with missing, zero-count and wrong-sized entries.
 
 mod common;
 
@@ -22,6 +26,11 @@ fn fixtures() -> &'static Path {
         let d = tempfile::tempdir().unwrap();
         run_ok(python().arg(repo().join("tools/make_gguf_quant_fixture.py")).arg(d.path()));
         run_ok(python().arg(repo().join("tools/make_gguf_quant_fixture.py")).arg(d.path()).arg("--nan"));
+        for (model, out, extra) in IMATRICES {
+            let mut cmd = python();
+            cmd.arg(repo().join("tools/make_gguf_imatrix.py")).arg(d.path().join(model)).arg(d.path().join(out));
+            run_ok(cmd.args(extra.split_whitespace()));
+        }
         d
     })
     .path()
@@ -48,6 +57,43 @@ fn llama_quantize(source: &Path, ftype: u32, nthread: u32) -> Vec<u8> {
     let out = dir.path().join("out.gguf");
     run_ok(peer().arg("quantize").arg(source).arg(&out).arg(ftype.to_string()).arg(nthread.to_string()));
     std::fs::read(out).unwrap()
+}
+
+/// The imatrices of the fixtures: (model, file, tools/make_gguf_imatrix.py options).
+const IMATRICES: &[(&str, &str, &str)] = &[
+    ("llama16-tied-bf16.gguf", "llama16-tied.imatrix.gguf", "--drop blk.3.ffn_down.weight --zero-count blk.0.attn_q.weight --extra 3"),
+    ("llama16-untied-mixed.gguf", "llama16-untied.imatrix.dat", "--legacy --drop output.weight"),
+    ("qwen3moe8-bf16.gguf", "qwen3moe8.imatrix.gguf", "--resize token_embd.weight --zero-count blk.1.ffn_down_exps.weight --drop blk.2.attn_q.weight"),
+    ("qwen3moe8-split-00001-of-00003.gguf", "qwen3moe8-split.imatrix.dat", "--legacy --seed 7"),
+    ("deepseek2-bf16.gguf", "deepseek2.imatrix.gguf", "--zero-count blk.2.attn_k_b.weight --drop blk.1.ffn_up_shexp.weight"),
+    ("qwen3moe16-bf16.gguf", "qwen3moe16.imatrix.dat", "--legacy --seed 3"),
+    // Refusals (imatrix_problems_are_refused_as_llama_quantize_refuses_them).
+    ("llama16-tied-bf16.gguf", "llama16-bad-size.imatrix.gguf", "--resize blk.5.attn_k.weight"),
+    ("llama16-tied-bf16.gguf", "llama16-nan.imatrix.gguf", "--nan blk.9.ffn_up.weight"),
+    ("llama16-tied-bf16.gguf", "llama16-no-meta.imatrix.gguf", "--no-meta"),
+    ("llama16-tied-bf16.gguf", "llama16-no-attn-q.imatrix.gguf", "--drop blk.4.attn_q.weight"),
+];
+
+/// llama.cpp's `llama-quantize` command (built once into a cache from the vendored sources).
+fn llama_quantize_cmd() -> std::process::Command {
+    static PATH: OnceLock<String> = OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        let out = run_ok(std::process::Command::new("bash").arg(repo().join("tools/llama_quantize_tool.sh")));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    });
+    std::process::Command::new(path)
+}
+
+/// `llama-quantize --imatrix IMATRIX SOURCE OUT FTYPE NTHREAD` (IMATRIX as given), its bytes,
+/// or its output when it fails.
+fn llama_quantize_imatrix(source: &Path, ftype: &str, imatrix: &Path, nthread: u32) -> Result<Vec<u8>, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.gguf");
+    let o = llama_quantize_cmd().arg("--imatrix").arg(imatrix).arg(source).arg(&out).arg(ftype).arg(nthread.to_string()).output().unwrap();
+    if !o.status.success() {
+        return Err(format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+    }
+    Ok(std::fs::read(out).unwrap())
 }
 
 fn options(opts: &[&str], store: &Path) -> ViewOptions {
@@ -94,7 +140,14 @@ fn assert_same(what: &str, got: &[u8], want: &[u8]) {
     }
 }
 
-const FIXTURES: &[&str] = &["llama16-tied-bf16.gguf", "llama16-untied-mixed.gguf", "qwen3moe8-bf16.gguf", "qwen3moe8-split-00002-of-00003.gguf"];
+const FIXTURES: &[&str] = &[
+    "llama16-tied-bf16.gguf",
+    "llama16-untied-mixed.gguf",
+    "qwen3moe8-bf16.gguf",
+    "qwen3moe8-split-00002-of-00003.gguf",
+    "qwen3moe16-bf16.gguf",
+    "deepseek2-bf16.gguf",
+];
 /// Every file type the view offers, and the unquantized ones: (name, llama_ftype).
 const FTYPES: &[(&str, u32)] = &[
     ("Q8_0", 7),
@@ -112,6 +165,9 @@ const FTYPES: &[(&str, u32)] = &[
     ("Q2_K", 10),
     ("IQ4_XS", 30),
     ("IQ4_NL", 25),
+    ("Q4_1", 3),
+    ("Q5_0", 8),
+    ("Q5_1", 9),
 ];
 
 #[test]
@@ -158,10 +214,18 @@ fn llama_types(source: &Path, ftype: u32) -> Vec<(String, String)> {
 fn the_type_choice_of_every_offered_file_type_equals_llama_cpps() {
     use xpackfs::view::gguf_out::{ftype::Ftype, planned_types};
     let mut n = 0;
-    for fx in ["llama16-tied-bf16.gguf", "llama16-untied-mixed.gguf", "qwen3moe8-bf16.gguf", "qwen3moe8-split-00001-of-00003.gguf", "llama80-gqa-bf16.gguf"] {
+    for fx in [
+        "llama16-tied-bf16.gguf",
+        "llama16-untied-mixed.gguf",
+        "qwen3moe8-bf16.gguf",
+        "qwen3moe8-split-00001-of-00003.gguf",
+        "llama80-gqa-bf16.gguf",
+        "qwen3moe16-bf16.gguf",
+        "deepseek2-bf16.gguf",
+    ] {
         let src = xpackfs::source::Source::open(&fixtures().join(fx)).unwrap();
         for &ftype in Ftype::OFFERED {
-            let ours: Vec<(String, String)> = planned_types(&src, ftype).unwrap().into_iter().map(|(name, t)| (name, t.to_ascii_uppercase())).collect();
+            let ours: Vec<(String, String)> = planned_types(&src, ftype, false).unwrap().into_iter().map(|(name, t)| (name, t.to_ascii_uppercase())).collect();
             let theirs = llama_types(&fixtures().join(fx), ftype.number());
             assert_eq!(ours.len(), theirs.len(), "{fx} {}: tensor count", ftype.name());
             for (a, b) in ours.iter().zip(&theirs) {
@@ -181,7 +245,7 @@ fn the_view_needs_a_file_type() {
 
 #[test]
 fn llama_cpp_loads_the_view() {
-    for fx in ["llama16-tied-bf16.gguf", "qwen3moe8-bf16.gguf"] {
+    for fx in ["llama16-tied-bf16.gguf", "qwen3moe8-bf16.gguf", "qwen3moe16-bf16.gguf"] {
         let built = build(&fixtures().join(fx), &["view=gguf", "ftype=Q8_0"]).unwrap();
         let (name, bytes) = read_view(&built).unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -201,6 +265,17 @@ fn a_nan_fails_the_reads_of_its_tensor_as_it_fails_llama_quantize() {
     let dir = tempfile::tempdir().unwrap();
     let out = peer().arg("quantize").arg(&src).arg(dir.path().join("o.gguf")).arg("7").output().unwrap();
     assert!(!out.status.success(), "llama_model_quantize refuses it too");
+    // materialize fails, naming the tensor.
+    let out = std::process::Command::new(bin())
+        .arg("materialize")
+        .arg(&src)
+        .arg("--out")
+        .arg(dir.path().join("m"))
+        .args(["-o", "view=gguf,ftype=Q8_0,digest_store=none"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("tensor blk.3.ffn_down.weight"), "{err}");
 }
 
 #[test]
@@ -254,4 +329,139 @@ fn mounted_file_equals_llama_model_quantize() {
     let got = std::fs::read(m.path("qwen3moe8-bf16-Q8_0.gguf")).unwrap();
     assert_same("mounted qwen3moe8 Q8_0", &got, &llama_quantize(&src, 7, 2));
     m.unmount();
+}
+
+/// The quantized file types checked with an imatrix (IQ2_XXS needs one).
+const IMATRIX_FTYPES: &[&str] =
+    &["Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K_M", "Q3_K_S", "Q2_K", "IQ4_XS", "IQ4_NL", "IQ2_XXS", "F16"];
+
+#[test]
+fn with_an_imatrix_every_fixture_and_file_type_equals_llama_quantize() {
+    let (mut checked, mut refused) = (0, 0);
+    for (k, (model, imatrix, _)) in IMATRICES.iter().take(6).enumerate() {
+        let imatrix = fixtures().join(imatrix);
+        // The view is named by the second part of the split set, llama.cpp by the first.
+        let named = fixtures().join(model.replace("-00001-", "-00002-"));
+        for (j, ftype) in IMATRIX_FTYPES.iter().enumerate() {
+            let opts = ["view=gguf".to_string(), format!("ftype={ftype}"), format!("imatrix={}", imatrix.display())];
+            let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+            let got = build(&named, &opts).and_then(|b| read_view(&b)).map_err(|e| e.to_string());
+            let nthread = 1 + ((j + k) % 2) as u32;
+            let want = llama_quantize_imatrix(&fixtures().join(model), ftype, &imatrix, nthread);
+            match (got, want) {
+                (Ok((_, got)), Ok(want)) => {
+                    assert_same(&format!("{model} {ftype} imatrix {}", imatrix.display()), &got, &want);
+                    checked += 1;
+                }
+                // An IQ2_XXS tensor whose entry the imatrix leaves out: both refuse it.
+                (Err(e), Err(t)) => {
+                    let tensor = e.split("for tensor ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or("?");
+                    assert!(t.contains(&format!("Missing importance matrix for tensor {tensor}")), "{model} {ftype}: view: {e}; llama-quantize: {t}");
+                    refused += 1;
+                }
+                (got, want) => panic!("{model} {ftype}: the view gives {:?}, llama-quantize {:?}", got.map(|_| "a file"), want.map(|_| "a file")),
+            }
+        }
+    }
+    eprintln!("byte-identical with llama-quantize --imatrix: {checked} fixture x file type pairs; {refused} refused by both");
+    assert!(checked >= 6 * IMATRIX_FTYPES.len() - 2 && refused <= 2, "{checked} checked, {refused} refused");
+}
+
+#[test]
+fn the_type_choice_with_an_imatrix_differs_where_llama_cpps_does() {
+    use xpackfs::view::gguf_out::{ftype::Ftype, planned_types};
+    let src = xpackfs::source::Source::open(&fixtures().join("llama16-tied-bf16.gguf")).unwrap();
+    let types = |f, m| planned_types(&src, f, m).unwrap().into_iter().filter(|(n, _)| n == "blk.0.ffn_down.weight").map(|(_, t)| t).collect::<Vec<_>>();
+    // Without an imatrix IQ4_XS puts the first eighth of ffn_down at Q5_K; with one, not
+    // (rows of 320: Q5_K falls back to Q5_1, IQ4_XS to IQ4_NL).
+    assert_eq!(types(Ftype::IQ4_XS, false), ["Q5_1"]);
+    assert_eq!(types(Ftype::IQ4_XS, true), ["IQ4_NL"]);
+    // Q4_0 with an imatrix guards the first eighth of ffn_down with Q4_1; Q5_0 with Q5_1.
+    assert_eq!(types(Ftype::Q4_0, false), ["Q4_0"]);
+    assert_eq!(types(Ftype::Q4_0, true), ["Q4_1"]);
+    assert_eq!(types(Ftype::Q5_0, true), ["Q5_1"]);
+}
+
+#[test]
+fn imatrix_problems_are_refused_as_llama_quantize_refuses_them() {
+    let model = fixtures().join("llama16-tied-bf16.gguf");
+    let view = |ftype: &str, imatrix: Option<&str>| {
+        let mut opts = vec!["view=gguf".to_string(), format!("ftype={ftype}")];
+        if let Some(m) = imatrix {
+            opts.push(format!("imatrix={}", fixtures().join(m).display()));
+        }
+        let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+        build(&model, &opts).err().map(|e| e.to_string())
+    };
+    let tool = |ftype: &str, imatrix: &str| llama_quantize_imatrix(&model, ftype, &fixtures().join(imatrix), 1).err();
+    // An entry of the wrong size (not token_embd): both stop.
+    let e = view("Q4_K_M", Some("llama16-bad-size.imatrix.gguf")).expect("refused");
+    assert!(e.contains("imatrix size 288 is different from tensor size 256 for blk.5.attn_k.weight"), "{e}");
+    assert!(tool("Q4_K_M", "llama16-bad-size.imatrix.gguf").expect("llama-quantize refuses it").contains("imatrix size 288 is different"));
+    // A NaN anywhere in the imatrix.
+    let e = view("Q4_K_M", Some("llama16-nan.imatrix.gguf")).expect("refused");
+    assert!(e.contains("blk.9.ffn_up.weight") && e.contains("NaN"), "{e}");
+    assert!(tool("Q4_K_M", "llama16-nan.imatrix.gguf").expect("llama-quantize refuses it").contains("non-finite"));
+    // A GGUF imatrix without imatrix.chunk_size.
+    let e = view("Q4_K_M", Some("llama16-no-meta.imatrix.gguf")).expect("refused");
+    assert!(e.contains("missing imatrix metadata"), "{e}");
+    assert!(tool("Q4_K_M", "llama16-no-meta.imatrix.gguf").expect("llama-quantize refuses it").contains("missing imatrix metadata"));
+    // IQ2_XXS needs importance: without an imatrix, or without an entry for an IQ2_XXS tensor.
+    let e = view("IQ2_XXS", None).expect("refused");
+    assert!(e.contains("this quantization requires an imatrix") && e.contains("blk.0.attn_k.weight"), "{e}");
+    let o = llama_quantize_cmd().arg(&model).arg(fixtures().join("never-written.gguf")).arg("IQ2_XXS").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("requires an importance matrix"));
+    let e = view("IQ2_XXS", Some("llama16-no-attn-q.imatrix.gguf")).expect("refused");
+    assert!(e.contains("Missing importance matrix for tensor blk.4.attn_q.weight"), "{e}");
+    assert!(
+        tool("IQ2_XXS", "llama16-no-attn-q.imatrix.gguf")
+            .expect("llama-quantize refuses it")
+            .contains("Missing importance matrix for tensor blk.4.attn_q.weight")
+    );
+    // The same entry missing in Q4_K_M: that tensor is quantized without importance (compared
+    // byte for byte in with_an_imatrix_every_fixture_and_file_type_equals_llama_quantize).
+    assert!(view("Q4_K_M", Some("llama16-no-attn-q.imatrix.gguf")).is_none());
+}
+
+/// `path` relative to the current directory (through `..` up to the root).
+fn relative_to_cwd(path: &Path) -> PathBuf {
+    let cwd = std::env::current_dir().unwrap();
+    let mut rel = PathBuf::new();
+    for _ in cwd.components().skip(1) {
+        rel.push("..");
+    }
+    rel.join(path.strip_prefix("/").unwrap())
+}
+
+#[test]
+fn mounted_with_a_relative_imatrix_equals_llama_quantize() {
+    // The daemon leaves the working directory; quantize.imatrix.file records the path as given.
+    let src = fixtures().join("qwen3moe8-bf16.gguf");
+    let imatrix = relative_to_cwd(&fixtures().join("qwen3moe8.imatrix.gguf"));
+    assert!(imatrix.is_relative());
+    let m = Mount::new(&src, &["view=gguf", "ftype=Q4_K_M", &format!("imatrix={}", imatrix.display())]);
+    let got = std::fs::read(m.path("qwen3moe8-bf16-Q4_K_M.gguf")).unwrap();
+    let want = llama_quantize_imatrix(&src, "Q4_K_M", &imatrix, 2).unwrap();
+    assert_same("mounted qwen3moe8 Q4_K_M with a relative imatrix path", &got, &want);
+    m.unmount();
+}
+
+#[test]
+fn llama_model_quantize_with_imatrix_and_kv_overrides_equals_the_command_and_the_view() {
+    // What the command adds, done through the library (params.imatrix, params.kv_overrides):
+    // the same bytes, so the view is what both write.
+    for (model, imatrix, ftype, number) in
+        [("qwen3moe8-bf16.gguf", "qwen3moe8.imatrix.gguf", "Q4_K_M", 15), ("llama16-untied-mixed.gguf", "llama16-untied.imatrix.dat", "Q5_K_M", 17)]
+    {
+        let (src, imatrix) = (fixtures().join(model), fixtures().join(imatrix));
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("lib.gguf");
+        run_ok(peer().arg("quantize").arg(&src).arg(&out).arg(number.to_string()).arg("2").arg("--imatrix").arg(&imatrix));
+        let lib = std::fs::read(&out).unwrap();
+        let cmd = llama_quantize_imatrix(&src, ftype, &imatrix, 1).unwrap();
+        assert_same(&format!("{model} {ftype}: llama_model_quantize with kv_overrides vs the command"), &lib, &cmd);
+        let opts = ["view=gguf".to_string(), format!("ftype={ftype}"), format!("imatrix={}", imatrix.display())];
+        let (_, got) = read_view(&build(&src, &opts.iter().map(String::as_str).collect::<Vec<_>>()).unwrap()).unwrap();
+        assert_same(&format!("{model} {ftype} imatrix"), &got, &lib);
+    }
 }

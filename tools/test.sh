@@ -23,6 +23,8 @@ echo "reference ggml: $XPACKFS_GGML_LIB"
 # tests/gguf_view.rs finds it through this same script.
 XPACKFS_LLAMA_CPP="$(bash tools/llama_cpp_peer.sh)"
 echo "llama-cpp-python: ${XPACKFS_LLAMA_CPP:-on the Python path}"
+# llama.cpp's llama-quantize command (the gguf view's imatrix= peer), built against it (a minute).
+echo "llama-quantize: $(bash tools/llama_quantize_tool.sh)"
 if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add clippy; fi
 if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add rustfmt; fi
 cargo fmt --check

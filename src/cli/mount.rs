@@ -33,6 +33,15 @@ pub fn run(a: MountArgs) -> i32 {
         p if p.is_relative() => std::env::current_dir().map(|d| d.join(p).to_string_lossy().into_owned()).unwrap_or(mountpoint),
         _ => mountpoint,
     };
+    // The gguf view's imatrix too (it records the path as written in quantize.imatrix.file).
+    let mut options = options;
+    if options.view.view == "gguf"
+        && let Some(p) = options.view.requant.imatrix.clone().filter(|p| p.is_relative())
+        && let Ok(abs) = std::path::absolute(&p)
+    {
+        options.view.gguf_out.imatrix_as_given = Some(p.into_os_string());
+        options.view.requant.imatrix = Some(abs);
+    }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut ready = if options.serve.foreground { daemon::Readiness::foreground() } else { daemon::daemonize() };
     if ready.is_background() {

@@ -7,6 +7,12 @@
 //! * legacy `imatrix.dat`: i32 entry count, then per entry i32 name length, name, i32
 //!   ncall, i32 nval, nval f32 sums; values are `sums / ncall` (or the sums when ncall is 0).
 //!
+//! What llama-quantize's imatrix loader (`common_imatrix_load`) also reads is kept: the
+//! datasets (`imatrix.datasets`, or the legacy trailer's dataset name), the chunk count
+//! (`imatrix.chunk_count`, or the legacy trailer's), and whether a GGUF imatrix has the
+//! three metadata keys llama-quantize requires. The GGUF output view looks entries up by
+//! exact name and reads them flat ([`Imatrix::entry_len`], [`Imatrix::values`]).
+//!
 //! A DeepSeek expert weight `layers.L.ffn.experts.E.{w1,w3,w2}.weight` takes row E of
 //! llama.cpp's `blk.L.ffn_{gate,up,down}_exps.weight`, or the single row of an entry named
 //! exactly like the tensor.
@@ -68,8 +74,28 @@ pub struct Imatrix {
     pub path: PathBuf,
     pub sha256: String,
     pub format: &'static str,
+    /// The datasets it was computed on (`imatrix.datasets`; the legacy trailer's one name,
+    /// its first 4 KiB).
+    pub datasets: Vec<String>,
+    /// The chunk count (`imatrix.chunk_count` as an int32, or the legacy trailer's; 0 without).
+    pub chunk_count: i32,
+    /// A GGUF imatrix with `imatrix.datasets`, `imatrix.chunk_count` and `imatrix.chunk_size`
+    /// (llama-quantize refuses a GGUF imatrix without them); true for the legacy format.
+    pub has_metadata: bool,
+    /// A metadata key of a type llama-quantize's loader aborts on (`imatrix.chunk_count` or
+    /// `imatrix.chunk_size` not a uint32).
+    pub metadata_problem: Option<String>,
     file: Arc<SourceFile>,
     entries: HashMap<String, Entry>,
+}
+
+/// What a file declares besides its entries.
+#[derive(Debug, Default)]
+struct Meta {
+    datasets: Vec<String>,
+    chunk_count: i32,
+    has_metadata: bool,
+    problem: Option<String>,
 }
 
 impl Imatrix {
@@ -93,15 +119,37 @@ impl Imatrix {
         };
         let mut head = [0u8; 4];
         let gguf = file.size() >= 4 && file.read_exact_at(&mut head, 0).is_ok() && &head == b"GGUF";
-        let (format, entries) = if gguf { ("gguf", Self::gguf_entries(path, &file)?) } else { ("legacy-dat", Self::legacy_entries(path, &file)?) };
+        let (format, (entries, meta)) = if gguf { ("gguf", Self::gguf_entries(path, &file)?) } else { ("legacy-dat", Self::legacy_entries(path, &file)?) };
         if entries.is_empty() {
             return Err(err(path, "no importance entries"));
         }
-        Ok(Imatrix { path: path.to_path_buf(), sha256, format, file, entries })
+        let Meta { datasets, chunk_count, has_metadata, problem } = meta;
+        Ok(Imatrix { path: path.to_path_buf(), sha256, format, datasets, chunk_count, has_metadata, metadata_problem: problem, file, entries })
     }
 
-    fn gguf_entries(path: &Path, file: &Arc<SourceFile>) -> Result<HashMap<String, Entry>, ViewError> {
-        let (_, tensors) = crate::source::gguf::parse_file(file, 0, 0, &Default::default())?;
+    fn gguf_entries(path: &Path, file: &Arc<SourceFile>) -> Result<(HashMap<String, Entry>, Meta), ViewError> {
+        use crate::source::gguf::MetaValue;
+        let (header, tensors) = crate::source::gguf::parse_file(file, 0, 0, &Default::default())?;
+        let kv = |k: &str| header.metadata.get(k);
+        let datasets = match kv("imatrix.datasets") {
+            Some(MetaValue::Array { values: Some(v), .. }) => v.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+            _ => Vec::new(),
+        };
+        // gguf_get_val_u32 of the count and size: llama-quantize aborts on another type, which
+        // the gguf view refuses (the requant view does not read them).
+        let mut problem = None;
+        let mut u32_kv = |k: &str| match kv(k) {
+            Some(MetaValue::U32(v)) => *v,
+            Some(other) => {
+                problem.get_or_insert_with(|| format!("{k} is {other:?}, not a uint32"));
+                0
+            }
+            None => 0,
+        };
+        let chunk_count = u32_kv("imatrix.chunk_count") as i32;
+        u32_kv("imatrix.chunk_size");
+        let has_metadata = ["imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"].iter().all(|k| kv(k).is_some());
+        let meta = Meta { datasets, chunk_count, has_metadata, problem };
         let by_name: HashMap<&str, &crate::source::TensorInfo> = tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         let mut out = HashMap::new();
         for t in &tensors {
@@ -134,10 +182,10 @@ impl Imatrix {
             }
             out.insert(name.to_string(), Entry { sums_offset: t.offset, ne0: ne0 as usize, n_mat: n_mat as usize, divisors });
         }
-        Ok(out)
+        Ok((out, meta))
     }
 
-    fn legacy_entries(path: &Path, file: &Arc<SourceFile>) -> Result<HashMap<String, Entry>, ViewError> {
+    fn legacy_entries(path: &Path, file: &Arc<SourceFile>) -> Result<(HashMap<String, Entry>, Meta), ViewError> {
         let size = file.size();
         let read_i32 = |off: u64| -> Result<i32, ViewError> {
             let mut b = [0u8; 4];
@@ -178,7 +226,102 @@ impl Imatrix {
             off += 8 + 4 * nval as u64;
         }
         // Legacy MoE entries hold n_expert rows back to back: the caller's row length splits them.
+        Ok((out, Self::legacy_trailer(file, off)))
+    }
+
+    /// The optional trailer of a legacy file, read as `common_imatrix_load_legacy` reads it:
+    /// an int32 chunk count (kept even when the file ends inside it, with the bytes that
+    /// were there), then an int32 length and the dataset name (kept up to its first NUL,
+    /// only when it is all there).
+    fn legacy_trailer(file: &SourceFile, off: u64) -> Meta {
+        let mut meta = Meta { has_metadata: true, ..Meta::default() };
+        let size = file.size();
+        if off >= size {
+            return meta;
+        }
+        let mut b = [0u8; 4];
+        let n = (size - off).min(4) as usize;
+        if let Some(piece) = b.get_mut(..n)
+            && file.read_exact_at(piece, off).is_err()
+        {
+            return meta;
+        }
+        meta.chunk_count = i32::from_le_bytes(b);
+        if n < 4 || size - off < 8 {
+            return meta;
+        }
+        let mut l = [0u8; 4];
+        if file.read_exact_at(&mut l, off + 4).is_err() {
+            return meta;
+        }
+        let len = i32::from_le_bytes(l);
+        // Only its first 4 KiB are read: nothing needs more than 127 bytes of it.
+        if len > 0 && off + 8 + len as u64 <= size {
+            let mut name = vec![0u8; (len as usize).min(4096)];
+            if file.read_exact_at(&mut name, off + 8).is_ok() {
+                let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
+                name.truncate(end);
+                meta.datasets.push(String::from_utf8_lossy(&name).into_owned());
+            }
+        }
+        meta
+    }
+
+    /// Number of entries (what llama-quantize records as `quantize.imatrix.entries_count`).
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The number of values of the entry named exactly `name` (all its rows), if there is one.
+    pub fn entry_len(&self, name: &str) -> Option<usize> {
+        self.entries.get(name).map(|e| e.ne0 * e.n_mat)
+    }
+
+    /// Values `start..start + len` of entry `name`, flat over its rows, normalized as
+    /// llama-quantize's loader does (GGUF: each row by its count, ones where the count is 0;
+    /// legacy: by ncall when positive), each checked to be a finite number in 0..=1e30.
+    pub fn values(&self, name: &str, start: usize, len: usize) -> Result<Vec<f32>, ViewError> {
+        let e = self.entries.get(name).ok_or_else(|| err(&self.path, format!("no importance entry {name}")))?;
+        if start.checked_add(len).is_none_or(|end| end > e.ne0 * e.n_mat) {
+            return Err(err(&self.path, format!("{name}: values {start}..+{len} outside its {}", e.ne0 * e.n_mat)));
+        }
+        let mut b = vec![0u8; 4 * len];
+        self.file.read_exact_at(&mut b, e.sums_offset + 4 * start as u64)?;
+        let mut out = Vec::with_capacity(len);
+        for (i, x) in b.as_chunks::<4>().0.iter().enumerate() {
+            let at = start + i;
+            let row = if e.n_mat == 1 { 0 } else { at / e.ne0.max(1) };
+            let s = f32::from_le_bytes(*x);
+            let v = match (e.divisors.get(row).copied().flatten(), self.format) {
+                (Some(d), _) => s / d,
+                (None, "gguf") => 1.0,
+                (None, _) => s,
+            };
+            if !valid_number(v) {
+                return Err(err(&self.path, format!("{name}: importance {v:?} at value {at} {NUMBER_RULE}")));
+            }
+            out.push(v);
+        }
         Ok(out)
+    }
+
+    /// Every value of every entry checked (llama-quantize checks them all before it writes:
+    /// "imatrix contains non-finite value"), a row of values at a time.
+    pub fn check_all(&self) -> Result<(), ViewError> {
+        let mut names: Vec<&String> = self.entries.keys().collect();
+        names.sort();
+        for name in names {
+            let Some(e) = self.entries.get(name) else { continue };
+            let total = e.ne0 * e.n_mat;
+            let step = e.ne0.clamp(1, 1 << 20);
+            let mut at = 0;
+            while at < total {
+                let n = step.min(total - at);
+                self.values(name, at, n)?;
+                at += n;
+            }
+        }
+        Ok(())
     }
 
     /// The llama.cpp entry name and row for a DeepSeek expert tensor name.

@@ -66,7 +66,8 @@ pub struct Options {
     /// ggml type for the up (w3) experts
     #[arg(long, default_value = "IQ2_XXS", value_parser = recipe_type, help_heading = "Requant")]
     pub w3: QuantType,
-    /// llama.cpp importance matrix (GGUF or legacy imatrix.dat) instead of the seed's unit importance
+    /// llama.cpp importance matrix (GGUF or legacy imatrix.dat): requant: instead of the seed's
+    /// unit importance; gguf: as llama-quantize --imatrix FILE
     #[arg(long, value_name = "FILE", help_heading = "Requant")]
     pub imatrix: Option<PathBuf>,
 }

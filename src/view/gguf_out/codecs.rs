@@ -2,7 +2,8 @@
 //! (`llama_tensor_dequantize_impl`: F16 and BF16 always, quantized types when the codec
 //! decodes them), how f32 rows become an output type (`ggml_quantize_chunk`: F32, F16,
 //! BF16, and each quantized type the codec has a quantizer for, through
-//! [`QuantType::from_name`], so a quantizer added to the codec is picked up here), and
+//! [`QuantType::from_name`], so a quantizer added to the codec is picked up here; with
+//! importance where one is given), and
 //! `ggml_validate_row_data`'s checks of both (non-finite floats, non-finite fp16 scales).
 
 use crate::codec::{self, GgmlType, QuantType, float};
@@ -41,8 +42,10 @@ pub fn decode(t: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), codec::Cod
     codec::dequantize_par(t, src, dst)
 }
 
-/// f32 rows of `n_per_row` values as `enc` (`ggml_quantize_chunk` without importance).
-pub fn encode(enc: Encoder, x: &[f32], n_per_row: usize, out: &mut [u8]) -> Result<(), codec::CodecError> {
+/// f32 rows of `n_per_row` values as `enc` (`ggml_quantize_chunk`): `importance` (one value
+/// per column, for every row) goes to the quantizers that take it and is ignored by the
+/// others (F32, F16, BF16, Q8_0), as ggml ignores it.
+pub fn encode(enc: Encoder, x: &[f32], n_per_row: usize, importance: Option<&[f32]>, out: &mut [u8]) -> Result<(), codec::CodecError> {
     match enc {
         Encoder::F32 => {
             for (o, v) in out.chunks_exact_mut(4).zip(x) {
@@ -61,7 +64,7 @@ pub fn encode(enc: Encoder, x: &[f32], n_per_row: usize, out: &mut [u8]) -> Resu
                 o.copy_from_slice(&float::f32_to_bf16(*v).to_le_bytes());
             }
         }
-        Encoder::Quant(q) => codec::quantize_rows_par(q, x, n_per_row, None, out)?,
+        Encoder::Quant(q) => codec::quantize_rows_par(q, x, n_per_row, importance, out)?,
     }
     Ok(())
 }

@@ -89,7 +89,9 @@ const TABLE: &[(Ftype, u32, &str, &str)] = &[
 ];
 
 impl Ftype {
-    /// The file types `-o ftype=` accepts: those of issue 26, and the float ones.
+    /// The file types `-o ftype=` accepts: those of issue 26, IQ2_XXS (which needs an
+    /// imatrix, as in llama-quantize), Q4_1, Q5_0 and Q5_1 (their quantizers exist), and the
+    /// float ones.
     pub const OFFERED: &'static [Ftype] = &[
         Ftype::Q4_K_M,
         Ftype::Q4_K_S,
@@ -103,6 +105,10 @@ impl Ftype {
         Ftype::Q2_K,
         Ftype::IQ4_XS,
         Ftype::IQ4_NL,
+        Ftype::IQ2_XXS,
+        Ftype::Q4_1,
+        Ftype::Q5_0,
+        Ftype::Q5_1,
         Ftype::F16,
         Ftype::BF16,
         Ftype::ALL_F32,
@@ -153,6 +159,7 @@ mod tests {
         assert_eq!(Ftype::Q4_K_M.default_type().unwrap().name, "Q4_K");
         assert_eq!(Ftype::IQ2_S.default_type().unwrap().name, "IQ2_XS");
         assert!(Ftype::parse("IQ1_S").unwrap_err().contains("not offered"));
+        assert_eq!(Ftype::parse("iq2_xxs"), Ok(Ftype::IQ2_XXS));
         assert!(Ftype::parse("Q9").unwrap_err().contains("not a llama.cpp file type"));
         for f in Ftype::OFFERED {
             assert!(f.default_type().is_some(), "{f:?}");

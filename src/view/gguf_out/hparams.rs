@@ -167,8 +167,9 @@ const LLAMA_ARCHES: &[&str] = &[
 ];
 
 /// Architectures whose `load_arch_hparams` is ported here (each needs
-/// `attention.layer_norm_rms_epsilon`; none has position or token-type embeddings).
-pub const PORTED: &[&str] = &["llama", "qwen3", "qwen3moe"];
+/// `attention.layer_norm_rms_epsilon`; none has position or token-type embeddings;
+/// deepseek2 also its MLA ranks and expert keys, `src/models/deepseek2.cpp`).
+pub const PORTED: &[&str] = &["llama", "qwen3", "qwen3moe", "deepseek2"];
 
 const LLAMA_MAX_LAYERS: u64 = 512;
 const LLAMA_MAX_EXPERTS: u64 = 1024;
@@ -257,6 +258,14 @@ impl Kv<'_> {
             None => Ok(None),
             Some(MetaValue::F32(v)) => Ok(Some(*v)),
             Some(v) => Err(HparamError::WrongType { key: key.into(), found: type_name(v), expected: "f32" }),
+        }
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, HparamError> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(MetaValue::Bool(v)) => Ok(Some(*v)),
+            Some(v) => Err(HparamError::WrongType { key: key.into(), found: type_name(v), expected: "bool" }),
         }
     }
 
@@ -354,14 +363,52 @@ pub fn load(meta: &BTreeMap<String, MetaValue>) -> Result<Model, HparamError> {
             return Err(HparamError::Other(format!("invalid n_rot: {n_rot}, expected {head_k}")));
         }
     }
-    // load_arch_hparams of llama, qwen3 and qwen3moe.
-    kv.f32(&kv.key("attention.layer_norm_rms_epsilon"), true)?;
+    let n_layer = n_layer_all - n_nextn;
+    // load_arch_hparams of llama, qwen3, qwen3moe and deepseek2.
     if arch == "qwen3moe" {
         kv.u32_or_arr(&kv.key("expert_feed_forward_length"), n_layer_all)?;
     }
-    let n_layer = n_layer_all - n_nextn;
+    if arch == "deepseek2" {
+        deepseek2(&kv, n_layer, n_layer_all)?;
+    } else {
+        kv.f32(&kv.key("attention.layer_norm_rms_epsilon"), true)?;
+    }
     let is_70b = arch == "llama" && n_expert != 8 && n_layer == 80 && h0 != kv0;
     Ok(Model { n_layer_all, n_expert, n_gqa: h0.checked_div(kv0).unwrap_or(0), is_70b, is_falcon: arch == "falcon", arch })
+}
+
+/// `llama_model_deepseek2::load_arch_hparams`: the keys it reads, in its order (the first
+/// one missing or mistyped is the reason).
+fn deepseek2(kv: &Kv, n_layer: u64, n_layer_all: u64) -> Result<(), HparamError> {
+    let n_vocab = match kv.u32(&kv.key("vocab_size"), false)? {
+        Some(v) => v,
+        None => match kv.meta.get("tokenizer.ggml.tokens") {
+            Some(MetaValue::Array { len, .. }) => *len,
+            _ => 0,
+        },
+    };
+    // DeepSeek-V2-Lite, GigaChat3-10B-A1.8B, Kanana-2-30B-A3B have no q_lora_rank.
+    let is_lite = n_layer == 27 || n_layer == 26 || (n_layer == 48 && n_vocab == 128256);
+    kv.f32(&kv.key("attention.layer_norm_rms_epsilon"), true)?;
+    kv.u32(&kv.key("leading_dense_block_count"), false)?;
+    if !is_lite {
+        kv.u32(&kv.key("attention.q_lora_rank"), true)?;
+    }
+    kv.u32(&kv.key("attention.kv_lora_rank"), true)?;
+    kv.u32(&kv.key("attention.key_length_mla"), false)?;
+    kv.u32(&kv.key("attention.value_length_mla"), false)?;
+    let ff_exp = kv.key("expert_feed_forward_length");
+    if kv.u32_or_arr(&ff_exp, n_layer_all)?.is_none() {
+        return Err(HparamError::Missing(ff_exp));
+    }
+    kv.u32(&kv.key("expert_shared_count"), true)?;
+    kv.f32(&kv.key("expert_weights_scale"), false)?;
+    kv.bool(&kv.key("expert_weights_norm"))?;
+    kv.u32(&kv.key("expert_gating_func"), false)?;
+    kv.f32(&kv.key("rope.scaling.yarn_log_multiplier"), false)?;
+    kv.f32(&kv.key("attention.temperature_scale"), false)?;
+    kv.u32(&kv.key("attention.temperature_length"), false)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -391,5 +438,37 @@ mod tests {
         assert_eq!((model.n_gqa, model.is_70b, model.n_layer_all), (4, true, 80));
         m.insert("general.architecture".into(), MetaValue::Str("gpt2".into()));
         assert!(load(&m).unwrap_err().to_string().contains("not ported"));
+    }
+
+    #[test]
+    fn deepseek2_needs_its_mla_and_expert_keys() {
+        let u = MetaValue::U32;
+        let mut m = meta(&[
+            ("general.architecture", MetaValue::Str("deepseek2".into())),
+            ("deepseek2.context_length", u(64)),
+            ("deepseek2.embedding_length", u(256)),
+            ("deepseek2.block_count", u(4)),
+            ("deepseek2.attention.head_count", u(4)),
+            ("deepseek2.attention.head_count_kv", u(1)),
+            ("deepseek2.attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
+        ]);
+        let reason = |m: &BTreeMap<String, MetaValue>| load(m).unwrap_err().to_string();
+        assert_eq!(reason(&m), "key not found in model: deepseek2.attention.q_lora_rank");
+        m.insert("deepseek2.attention.q_lora_rank".into(), u(256));
+        assert_eq!(reason(&m), "key not found in model: deepseek2.attention.kv_lora_rank");
+        m.insert("deepseek2.attention.kv_lora_rank".into(), u(256));
+        assert_eq!(reason(&m), "key not found in model: deepseek2.expert_feed_forward_length");
+        m.insert("deepseek2.expert_feed_forward_length".into(), u(128));
+        assert_eq!(reason(&m), "key not found in model: deepseek2.expert_shared_count");
+        m.insert("deepseek2.expert_shared_count".into(), u(1));
+        m.insert("deepseek2.expert_weights_norm".into(), u(1));
+        assert_eq!(reason(&m), "key deepseek2.expert_weights_norm has wrong type u32 but expected type bool");
+        m.insert("deepseek2.expert_weights_norm".into(), MetaValue::Bool(true));
+        assert_eq!(load(&m).unwrap().n_gqa, 4);
+        // The lite variants (27 layers) have no q_lora_rank.
+        m.remove("deepseek2.attention.q_lora_rank");
+        assert!(load(&m).is_err());
+        m.insert("deepseek2.block_count".into(), u(27));
+        assert_eq!(load(&m).unwrap().n_layer_all, 27);
     }
 }

@@ -93,7 +93,8 @@ pub fn raw_kvs(file: &SourceFile, header_len: u64) -> Result<Vec<RawKv>, String>
     Ok(out)
 }
 
-fn kv_u32(key: &str, v: u32) -> RawKv {
+/// A uint32 KV.
+pub fn kv_u32(key: &str, v: u32) -> RawKv {
     let mut b = Vec::new();
     b.extend_from_slice(&(key.len() as u64).to_le_bytes());
     b.extend_from_slice(key.as_bytes());
@@ -102,12 +103,28 @@ fn kv_u32(key: &str, v: u32) -> RawKv {
     RawKv { key: key.to_string(), bytes: b }
 }
 
+/// A string KV (its bytes as given).
+pub fn kv_str(key: &str, v: &[u8]) -> RawKv {
+    let mut b = Vec::new();
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key.as_bytes());
+    b.extend_from_slice(&GGUF_TYPE_STRING.to_le_bytes());
+    b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    b.extend_from_slice(v);
+    RawKv { key: key.to_string(), bytes: b }
+}
+
+/// `gguf_set_val_*`: the key removed where it was, then appended.
+pub fn set_kv(kvs: &mut Vec<RawKv>, kv: RawKv) {
+    kvs.retain(|k| k.key != kv.key);
+    kvs.push(kv);
+}
+
 /// The output's KVs: the input's, then the two set by `llama_model_quantize`, less `split.*`.
 pub fn output_kvs(input: Vec<RawKv>, file_type: u32) -> Vec<RawKv> {
     let mut kvs = input;
     for (k, v) in [("general.quantization_version", QNT_VERSION), ("general.file_type", file_type)] {
-        kvs.retain(|kv| kv.key != k);
-        kvs.push(kv_u32(k, v));
+        set_kv(&mut kvs, kv_u32(k, v));
     }
     kvs.retain(|kv| !matches!(kv.key.as_str(), "split.no" | "split.count" | "split.tensors.count"));
     kvs

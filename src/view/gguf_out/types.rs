@@ -4,9 +4,10 @@
 //! per-ftype mixtures, the `i_attention_wv` / `i_ffn_*` counters, `use_more_bits`, the
 //! output and tied `token_embd` rules, the 8-expert and 70B rules, the layer index of
 //! expert tensors from their names) and `tensor_type_fallback` (rows that are not a whole
-//! number of blocks). Default parameters only: no overrides, not `pure`, output quantized.
-//! Tensors must be visited in the writer's order ([`super::layout::order`]), as the
-//! counters depend on it.
+//! number of blocks) and `tensor_requires_imatrix`. Default parameters only (no overrides,
+//! not `pure`, output quantized), with or without an importance matrix (`has_imatrix`
+//! changes the IQ3_XXS, IQ4_NL/IQ4_XS and Q4_0/Q5_0 choices). Tensors must be visited in
+//! the writer's order ([`super::layout::order`]), as the counters depend on it.
 
 use super::ftype::Ftype;
 use super::hparams::Model;
@@ -44,6 +45,20 @@ pub fn blk_layer(name: &str) -> Option<i64> {
     let v: i64 = digits[..end].parse::<i64>().unwrap_or(i64::MAX);
     let v = if neg { -v } else { v };
     Some(v.clamp(i32::MIN as i64, i32::MAX as i64))
+}
+
+/// `tensor_requires_imatrix`: llama.cpp refuses to write `dst` for this tensor without
+/// importance (its IQ1/IQ2/IQ3_XXS types, and Q2_K in a Q2_K_S file), except for the
+/// embeddings and the output.
+pub fn requires_imatrix(name: &str, dst: GgmlType, ftype: Ftype) -> bool {
+    if name == "token_embd.weight" || name == "per_layer_token_embd.weight" || name == "output.weight" {
+        return false;
+    }
+    match dst.name {
+        "IQ3_XXS" | "IQ2_XXS" | "IQ2_XS" | "IQ2_S" | "IQ1_M" | "IQ1_S" => true,
+        "Q2_K" => ftype == Ftype::Q2_K_S,
+        _ => false,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,13 +173,16 @@ pub struct State<'a> {
     i_ffn_gate: i64,
     i_ffn_up: i64,
     has_tied_embeddings: bool,
+    /// An importance matrix is given (`qs.has_imatrix`).
+    has_imatrix: bool,
     /// Tensors that needed a fallback type.
     pub n_fallback: usize,
 }
 
 impl<'a> State<'a> {
-    /// `init_quantize_state_counters` over every tensor name.
-    pub fn new<'n>(model: &'a Model, ftype: Ftype, names: impl Iterator<Item = &'n str>) -> State<'a> {
+    /// `init_quantize_state_counters` over every tensor name; `has_imatrix`: an importance
+    /// matrix is given.
+    pub fn new<'n>(model: &'a Model, ftype: Ftype, has_imatrix: bool, names: impl Iterator<Item = &'n str>) -> State<'a> {
         let (mut n_attention_wv, mut tied) = (0, true);
         for n in names {
             let c = category(n);
@@ -185,6 +203,7 @@ impl<'a> State<'a> {
             i_ffn_gate: 0,
             i_ffn_up: 0,
             has_tied_embeddings: tied,
+            has_imatrix,
             n_fallback: 0,
         }
     }
@@ -305,8 +324,13 @@ impl<'a> State<'a> {
             } else if ftype == F::Q2_K_S && n_gqa >= 4 {
                 new_type = is("Q4_K");
             } else if ftype == F::IQ3_XXS {
-                // has_imatrix is false: no imatrix is offered.
-                new_type = if n_gqa >= 4 { is("Q4_K") } else { is("IQ3_S") };
+                new_type = if n_gqa >= 4 {
+                    is("Q4_K")
+                } else if !self.has_imatrix {
+                    is("IQ3_S")
+                } else {
+                    is("IQ3_XXS")
+                };
             } else if fin(&[F::IQ3_XS, F::IQ3_S]) && n_gqa >= 4 {
                 new_type = is("Q4_K");
             } else if ftype == F::IQ3_M {
@@ -351,7 +375,7 @@ impl<'a> State<'a> {
                 if i_layer < n_layer / 8 {
                     new_type = is("Q4_K");
                 }
-            } else if ftype == F::IQ3_XXS {
+            } else if ftype == F::IQ3_XXS && !self.has_imatrix {
                 new_type = if i_layer < n_layer / 8 { is("Q4_K") } else { is("Q3_K") };
             } else if ftype == F::Q3_K_M {
                 new_type = if i_layer < n_layer / 16 {
@@ -377,14 +401,16 @@ impl<'a> State<'a> {
                 } else if use_more_bits(i_layer, n_layer) {
                     new_type = is("Q6_K");
                 }
-            } else if i_layer < n_layer / 8 && fin(&[F::IQ4_NL, F::IQ4_XS]) {
+            } else if i_layer < n_layer / 8 && fin(&[F::IQ4_NL, F::IQ4_XS]) && !self.has_imatrix {
                 new_type = is("Q5_K");
             } else if ftype == F::Q5_K_M && use_more_bits(i_layer, n_layer) {
                 new_type = is("Q6_K");
             } else if ftype == F::Q4_K_S && !falcon && i_layer < n_layer / 8 {
                 new_type = is("Q5_K");
+            } else if fin(&[F::Q4_0, F::Q5_0]) && self.has_imatrix && i_layer < n_layer / 8 {
+                // llama.cpp's guard for the first ffn_down layers, with an imatrix only.
+                new_type = if ftype == F::Q4_0 { is("Q4_1") } else { is("Q5_1") };
             }
-            // (Q4_0 / Q5_0 with an imatrix: not offered.)
             self.i_ffn_down += 1;
         } else if cat == Category::AttentionOutput {
             if !falcon {
@@ -455,7 +481,7 @@ mod tests {
     fn q4_k_m_mixture() {
         let m = model(16, 0, 4);
         let names: Vec<String> = (0..16).map(|i| format!("blk.{i}.attn_v.weight")).collect();
-        let mut s = State::new(&m, Ftype::Q4_K_M, names.iter().map(|s| s.as_str()));
+        let mut s = State::new(&m, Ftype::Q4_K_M, false, names.iter().map(|s| s.as_str()));
         let q4k = ty("Q4_K");
         let got: Vec<&str> = (0..16).map(|i| s.choose(&format!("blk.{i}.attn_v.weight"), &[256, 64], ty("BF16")).unwrap().name).collect();
         // use_more_bits(i, 16): i < 2, i >= 14, (i - 2) % 3 == 2
@@ -471,7 +497,7 @@ mod tests {
     #[test]
     fn q8_0_keeps_floats_that_do_not_quantize() {
         let m = model(2, 0, 1);
-        let mut s = State::new(&m, Ftype::Q8_0, ["output.weight"].into_iter());
+        let mut s = State::new(&m, Ftype::Q8_0, false, ["output.weight"].into_iter());
         assert_eq!(s.choose("output.weight", &[64, 10], ty("BF16")).unwrap().name, "Q8_0");
         assert_eq!(s.choose("token_embd.weight", &[64, 10], ty("BF16")).unwrap().name, "Q8_0");
         assert_eq!(s.choose("output_norm.weight", &[64], ty("F32")).unwrap().name, "F32");
@@ -482,7 +508,7 @@ mod tests {
     #[test]
     fn experts_take_their_layer_from_the_name() {
         let m = model(4, 8, 4);
-        let mut s = State::new(&m, Ftype::Q4_K_M, std::iter::empty());
+        let mut s = State::new(&m, Ftype::Q4_K_M, false, std::iter::empty());
         assert_eq!(s.choose("blk.3.ffn_down_exps.weight", &[256, 64, 8], ty("BF16")).unwrap().name, "Q6_K");
         assert_eq!(s.choose("blk.1.ffn_down_exps.weight", &[256, 64, 8], ty("BF16")).unwrap().name, "Q4_K");
         assert!(s.choose("blk.9.ffn_down_exps.weight", &[256, 64, 8], ty("BF16")).unwrap_err().to_string().contains("Bad layer 9"));
