@@ -18,9 +18,9 @@
 //! (`remote_memory_mb`). Read-ahead is admitted only while the budget has room, after
 //! evicting parts readers are done with (least recently used first); parts fetched ahead
 //! and not yet read are not evicted for more read-ahead, so a reader that stops mid-file
-//! holds at most its window until readers' parts push it out. A reader's own part is always
-//! fetched (evicting what it must), so the budget is exceeded only by the parts readers are
-//! fetching at that moment.
+//! holds at most its window until readers' parts push it out. A reader's own part evicts
+//! what it must; when the budget is full of parts being fetched or copied from, the reader
+//! waits for room (up to 2 s, then fetches anyway: a reader is never stuck on memory).
 //!
 //! A disk tier for fetched parts plugs in below ([`set_disk_tier`]; the storage layer's disk
 //! cache): a part is looked for there before it is fetched, and offered to it once fetched.
@@ -125,6 +125,9 @@ struct Stream {
 /// A stream gets a window once it has read this much in sequence: a header parsed in a few
 /// growing reads fetches no whole part.
 const RUN_BEFORE_WINDOW: u64 = 1 << 20;
+
+/// How long a reader waits for room in the budget before it fetches its part anyway.
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Streams kept per object (SGLang reads one object in 4 splits at once).
 const STREAMS_PER_OBJECT: usize = 8;
@@ -411,8 +414,11 @@ impl Parts {
         Some(v)
     }
 
-    /// A reader's part: held, waited for, or fetched now.
+    /// A reader's part: held, waited for, or fetched now (within the budget: when it is
+    /// full of parts being fetched or copied from, the reader waits for room up to
+    /// [`ROOM_WAIT`], then goes over).
     fn part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Arc<Vec<u8>>, RemoteError> {
+        let since = std::time::Instant::now();
         let mut st = self.state.lock();
         loop {
             st.tick += 1;
@@ -427,11 +433,19 @@ impl Parts {
                     h.consumed = true;
                     return Ok(h.bytes.clone());
                 }
-                Some(Slot::Fetching { .. }) => self.fetched.wait(&mut st),
-                None => break,
+                Some(Slot::Fetching { .. }) => {
+                    self.fetched.wait(&mut st);
+                    continue;
+                }
+                None => {}
             }
+            if self.make_room(&mut st, len, true) || since.elapsed() > ROOM_WAIT {
+                break;
+            }
+            // Over the budget with nothing to evict: wait for a fetch in flight to end (or a
+            // reader to let go of a part it is copying from), then look again.
+            self.fetched.wait_for(&mut st, std::time::Duration::from_millis(10));
         }
-        self.make_room(&mut st, len, true);
         st.slots.insert(key, Slot::Fetching { len });
         st.used += len;
         self.note_used(st.used);
