@@ -70,6 +70,16 @@ impl Drop for Server {
     }
 }
 
+/// The sample GGUF uploaded to moto as `s3://bkt/m/sample-moe.gguf` (the local copy in the
+/// returned directory).
+fn sample_in_s3() -> (tempfile::TempDir, Server) {
+    let fx = tmp();
+    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
+    let upload = format!("{}=m", fx.path().display());
+    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
+    (fx, s3)
+}
+
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
@@ -216,10 +226,7 @@ fn every_view_of_an_s3_source_equals_the_same_view_of_the_local_files() {
 #[test]
 fn an_s3_mount_serves_the_local_bytes_and_counts_its_requests() {
     require_fuse();
-    let fx = tmp();
-    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
-    let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
+    let (_fx, s3) = sample_in_s3();
     // The mount helper's form (what `mount -t fuse.xpackfs` and fstab run), the endpoint as
     // an -o option.
     let env: Env = s3_env(&s3).into_iter().filter(|(k, _)| *k != "AWS_ENDPOINT_URL").collect();
@@ -318,10 +325,7 @@ fn a_hub_repository_reads_at_its_pinned_commit_and_the_token_stays_on_the_hub() 
 
 #[test]
 fn faults_on_the_way_are_retried_and_every_byte_is_still_right() {
-    let fx = tmp();
-    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
-    let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
+    let (fx, s3) = sample_in_s3();
     let log = fx.path().join("proxy.log");
     let proxy = Server::start(
         "fault_proxy.py",
@@ -421,10 +425,7 @@ fn refusals_at_mount_name_the_url_and_what_to_do() {
 #[test]
 fn an_object_replaced_while_mounted_fails_its_reads_and_never_mixes_versions() {
     require_fuse();
-    let fx = tmp();
-    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
-    let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
+    let (fx, s3) = sample_in_s3();
     let env = s3_env(&s3);
     let mnt = tmp();
     let o = xpackfs(&env, &["mount", "s3://bkt/m/sample-moe.gguf", mnt.path().to_str().unwrap(), "--cache-mb=1", "--remote-attempts=2"]);
@@ -618,15 +619,12 @@ fn mount_read(env: &[(&str, String)], url: &str, opts: &[&str], file: &str) -> (
 #[test]
 fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     require_fuse();
-    let fx = tmp();
-    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
-    let upload = format!("{}=m", fx.path().display());
-    let s3 = Server::start("servers.py", &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload]);
+    let (fx, s3) = sample_in_s3();
     let env = s3_env(&s3);
     let cache = tmp();
     let disk = format!("--disk-cache={}", cache.path().display());
     // Small parts, so the sample spans many.
-    let opts = [disk.as_str(), "--remote-part-mb=1", "--cache-mb=1"];
+    let opts = [disk.as_str(), "--disk-cache-gb=1", "--remote-part-mb=1", "--cache-mb=1"];
     let url = "s3://bkt/m/sample-moe.gguf";
     let want = std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
 
@@ -693,11 +691,11 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     // network.
     let cache2 = tmp();
     let disk2 = format!("--disk-cache={}", cache2.path().display());
-    let o = xpackfs(&env, &["warm", url, &disk2, "--remote-part-mb=1", "--json"]);
+    let o = xpackfs(&env, &["warm", url, &disk2, "--disk-cache-gb=1", "--remote-part-mb=1", "--json"]);
     assert!(o.status.success(), "warm: {}", String::from_utf8_lossy(&o.stderr));
     let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(report["fetched"]["bytes"].as_u64().unwrap() > 0 && report["fetched"]["failed"] == 0, "{report}");
-    let (fifth, s5) = mount_read(&env, url, &[disk2.as_str(), "--remote-part-mb=1", "--cache-mb=1"], "sample-moe.pack");
+    let (fifth, s5) = mount_read(&env, url, &[disk2.as_str(), "--disk-cache-gb=1", "--remote-part-mb=1", "--cache-mb=1"], "sample-moe.pack");
     assert!(fifth == want_other, "after warm: the pack differs");
     assert_eq!(s5["bytes"], 0, "the mount after warm fetched bytes: {s5}");
 }
