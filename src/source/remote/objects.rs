@@ -53,6 +53,20 @@ impl Bucket {
     pub fn open(url: &RemoteUrl, config: &Config) -> Result<Bucket, RemoteError> {
         let base = url.namespace();
         let bad = |e: object_store::Error| RemoteError::Unsupported { url: base.clone(), what: format!("cannot set up the client: {}", clip(&e.to_string())) };
+        // What every store's client gets the same way: the timeouts, the retries, the
+        // counting connector (the builders share no trait for these).
+        macro_rules! finish {
+            ($builder:expr, $allow_http:expr) => {
+                Arc::new(
+                    $builder
+                        .with_client_options(client_options(config, $allow_http))
+                        .with_retry(retry_config(config))
+                        .with_http_connector(CountingConnector::default())
+                        .build()
+                        .map_err(bad)?,
+                )
+            };
+        }
         let store: Arc<dyn ObjectStore> = match url.scheme {
             Scheme::S3 => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&url.root);
@@ -75,13 +89,7 @@ impl Bucket {
                         b = b.with_token(t);
                     }
                 }
-                Arc::new(
-                    b.with_client_options(client_options(config, allow_http))
-                        .with_retry(retry_config(config))
-                        .with_http_connector(CountingConnector::default())
-                        .build()
-                        .map_err(bad)?,
-                )
+                finish!(b, allow_http)
             }
             Scheme::Gs => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.root);
@@ -97,36 +105,14 @@ impl Bucket {
                     b = b.with_skip_signature(true);
                 }
                 let allow_http = emulator.is_some() || std::env::var("GOOGLE_BASE_URL").is_ok_and(|u| u.starts_with("http://"));
-                Arc::new(
-                    b.with_client_options(client_options(config, allow_http))
-                        .with_retry(retry_config(config))
-                        .with_http_connector(CountingConnector::default())
-                        .build()
-                        .map_err(bad)?,
-                )
+                finish!(b, allow_http)
             }
-            Scheme::Az => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_container_name(&url.root)
-                    .with_client_options(client_options(config, true))
-                    .with_retry(retry_config(config))
-                    .with_http_connector(CountingConnector::default())
-                    .build()
-                    .map_err(bad)?,
-            ),
+            Scheme::Az => finish!(object_store::azure::MicrosoftAzureBuilder::from_env().with_container_name(&url.root), true),
             Scheme::Http | Scheme::Https => {
                 let scheme = if url.scheme == Scheme::Http { "http" } else { "https" };
-                Arc::new(
-                    object_store::http::HttpBuilder::new()
-                        .with_url(format!("{scheme}://{}", url.root))
-                        .with_client_options(client_options(config, url.scheme == Scheme::Http))
-                        .with_retry(retry_config(config))
-                        .with_http_connector(CountingConnector::default())
-                        .build()
-                        .map_err(bad)?,
-                )
+                finish!(object_store::http::HttpBuilder::new().with_url(format!("{scheme}://{}", url.root)), url.scheme == Scheme::Http)
             }
-            Scheme::Hf => unreachable!("hf:// is a Hub repository"),
+            Scheme::Hf => return Err(RemoteError::Unsupported { url: base.clone(), what: "an hf:// URL is a Hub repository, not an object store".into() }),
         };
         Ok(Bucket { base, scheme: url.scheme, store, config: config.clone(), listings: Mutex::new(HashMap::new()) })
     }
