@@ -465,3 +465,44 @@ fn llama_model_quantize_with_imatrix_and_kv_overrides_equals_the_command_and_the
         assert_same(&format!("{model} {ftype} imatrix"), &got, &lib);
     }
 }
+
+/// The views compose: the expert-pack view of the gguf view's mounted `Q8_0` file (FUSE over
+/// FUSE) equals seed 000's build of `llama_model_quantize`'s `Q8_0` file of the same source.
+#[test]
+fn the_expert_pack_of_a_mounted_q8_0_file_equals_the_seed_on_llama_quantizes_file() {
+    const ID: &str = "3333333333333333333333333333333333333333333333333333333333333333";
+    const CFG: &str = "4444444444444444444444444444444444444444444444444444444444444444";
+    let src = fixtures().join("qwen3moe8-bf16.gguf");
+    let gguf = Mount::new(&src, &["view=gguf", "ftype=Q8_0", "cache_mb=1"]);
+    let q8 = gguf.path("qwen3moe8-bf16-Q8_0.gguf");
+    // llama.cpp's file under the view's name (the seed names its pack after the stem).
+    let theirs_dir = tempfile::tempdir().unwrap();
+    let theirs = theirs_dir.path().join("qwen3moe8-bf16-Q8_0.gguf");
+    std::fs::write(&theirs, llama_quantize(&src, 7, 2)).unwrap();
+    let seed = tempfile::tempdir().unwrap();
+    let seed_args = ["--model-identity-sha256", ID, "--config-sha256", CFG, "--top-k", "2", "--alignment", "4096", "--model-ref", "qwen3moe8"];
+    seed_expert_pack(&theirs, seed.path(), &seed_args);
+
+    let (id, cfg) = (format!("model_identity_sha256={ID}"), format!("config_sha256={CFG}"));
+    let pack = Mount::new(&q8, &["view=expert-pack", &id, &cfg, "top_k=2", "alignment=4096", "model_ref=qwen3moe8"]);
+    let name = "qwen3moe8-bf16-Q8_0.pack";
+    let ours = std::fs::read(pack.path(name)).unwrap();
+    assert_same("expert pack of the mounted Q8_0 file", &ours, &std::fs::read(seed.path().join(name)).unwrap());
+    // The manifests agree but for when, where and by which program (the source is named by
+    // its path, which differs by construction).
+    let load = |p: &Path| -> serde_json::Value { serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap() };
+    let mut want = load(&seed.path().join(format!("{name}.manifest.json")));
+    let mut got = load(&pack.path(&format!("{name}.manifest.json")));
+    assert_eq!(got["source"]["path"], q8.to_string_lossy().as_ref(), "{got}");
+    for v in [&mut want, &mut got] {
+        let o = v.as_object_mut().unwrap();
+        for k in ["created_at", "pack_path", "builder"] {
+            assert!(o.remove(k).is_some(), "manifest lacks {k}");
+        }
+        o["transform"].as_object_mut().unwrap().remove("tool_sha256").expect("tool_sha256");
+        o["source"].as_object_mut().unwrap().remove("path").expect("source.path");
+    }
+    assert_eq!(want, got);
+    pack.unmount();
+    gguf.unmount();
+}
