@@ -596,6 +596,59 @@ fn a_hub_split_set_takes_its_shard_digests_from_the_hub_and_verify_checks_them()
     assert!(!o.status.success() && err.contains(&parts[1]) && err.contains("the store states sha256"), "{err}");
 }
 
+/// S3 states a full-object sha256 for objects uploaded with a SHA256 checksum in one part
+/// (`x-amz-checksum-sha256`, returned to a HEAD with `x-amz-checksum-mode: ENABLED`): a split
+/// set uploaded so takes its shard digests from it, as from the Hub, and the mount reads
+/// headers only. moto checks the signature of that HEAD (`--auth`).
+#[test]
+fn an_s3_split_set_with_sha256_checksums_takes_its_shard_digests_from_s3() {
+    let d = tmp();
+    let repo_dir = d.path().join("repo");
+    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(&repo_dir).args(["--layers", "3", "--experts", "16", "--shards", "2"]));
+    let gguf = repo_dir.join("gguf");
+    let parts = kimi_parts_in(&gguf);
+    let total: u64 = parts.iter().map(|p| std::fs::metadata(gguf.join(p)).unwrap().len()).sum();
+    let upload = format!("{}=k", gguf.display());
+    let big = (total + 1).to_string();
+    let s3 = Server::start(
+        "servers.py",
+        &["s3", "--port", "0", "--bucket", "bkt", "--upload", &upload, "--auth", "--checksum-sha256", "--multipart-threshold", &big],
+    );
+    let objects = s3.info["objects"].clone();
+    for p in &parts {
+        assert!(objects[format!("k/{p}")]["checksum_sha256"].is_string(), "{p} went up without a checksum: {objects}");
+    }
+    let env = s3_env(&s3);
+    let (cfg, tok) =
+        (format!("--model-config={}", repo_dir.join("config.json").display()), format!("--tokenizer-dir={}", repo_dir.join("tokenizer").display()));
+    let opts = ["--view=kimi-pack", "--model-check=layout", &cfg, &tok, "--full-source-hashes"];
+    let local = materialize(&[], gguf.join(&parts[0]).to_str().unwrap(), &opts);
+    let manifest = tree_files(local.path()).into_iter().find(|f| f.ends_with(".manifest.json")).unwrap();
+
+    let mnt = tmp();
+    let url = format!("s3://bkt/k/{}", parts[0]);
+    let mut args = vec!["mount", &url, mnt.path().to_str().unwrap()];
+    args.extend_from_slice(&opts);
+    let o = xpackfs(&env, &args);
+    assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
+    let served = std::fs::read(mnt.path().join(&manifest));
+    umount(mnt.path());
+    let (want, got): (Value, Value) =
+        (serde_json::from_slice(&std::fs::read(local.path().join(&manifest)).unwrap()).unwrap(), serde_json::from_slice(&served.unwrap()).unwrap());
+    assert_eq!(normalized(got), normalized(want.clone()), "the manifest of the S3 split set");
+    let fetched = stats["remote"]["bytes"].as_u64().unwrap();
+    assert!(fetched * 4 < total, "the mount fetched {fetched} of {total} source bytes: {stats}");
+
+    // materialize --verify hashes what it read and agrees with S3's statement.
+    let out = tmp();
+    let mut args = vec!["materialize", &url, "--out", out.path().to_str().unwrap(), "--verify"];
+    args.extend_from_slice(&opts);
+    let o = xpackfs(&env, &args);
+    assert!(o.status.success(), "materialize --verify: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(normalized(serde_json::from_slice(&std::fs::read(out.path().join(&manifest)).unwrap()).unwrap()), normalized(want));
+}
+
 fn kimi_parts_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
@@ -614,6 +667,40 @@ fn mount_read(env: &[(&str, String)], url: &str, opts: &[&str], file: &str) -> (
     let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
     umount(mnt.path());
     (bytes.unwrap(), stats["remote"].clone())
+}
+
+/// Two mounts of one object at the same time, one cache directory (SGLang's tensor-parallel
+/// ranks, each mounting the model): what one fetched, the other reads from disk.
+#[test]
+fn two_live_mounts_sharing_a_cache_directory_download_once() {
+    require_fuse();
+    let (_fx, s3) = sample_in_s3();
+    let env = s3_env(&s3);
+    let cache = tmp();
+    let disk = format!("--disk-cache={}", cache.path().display());
+    let opts = [disk.as_str(), "--disk-cache-gb=1", "--remote-part-mb=1", "--cache-mb=1"];
+    let url = "s3://bkt/m/sample-moe.gguf";
+    let want = std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let (a, b) = (tmp(), tmp());
+    for m in [&a, &b] {
+        let mut args = vec!["mount", url, m.path().to_str().unwrap()];
+        args.extend_from_slice(&opts);
+        let o = xpackfs(&env, &args);
+        assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let stats = |m: &tempfile::TempDir| -> Value { serde_json::from_slice(&std::fs::read(m.path().join(".xpackfs/stats.json")).unwrap()).unwrap() };
+    let got_a = std::fs::read(a.path().join("sample-moe.pack"));
+    let before_b = stats(&b)["remote"]["bytes"].as_u64().unwrap();
+    let got_b = std::fs::read(b.path().join("sample-moe.pack"));
+    let (sa, sb) = (stats(&a)["remote"].clone(), stats(&b)["remote"].clone());
+    umount(a.path());
+    umount(b.path());
+    assert!(got_a.unwrap() == want, "first mount: the pack differs");
+    assert!(got_b.unwrap() == want, "second mount: the pack differs");
+    let size = std::fs::metadata(sample()).unwrap().len();
+    assert!(sa["bytes"].as_u64().unwrap() >= size / 2, "{sa}");
+    assert_eq!(sb["bytes"].as_u64().unwrap(), before_b, "the second live mount fetched what the first had: {sb}");
+    assert!(sb["parts"]["parts_from_disk"].as_u64().unwrap() > 0, "{sb}");
 }
 
 #[test]

@@ -268,11 +268,12 @@ impl SourceFile {
         }
     }
 
-    /// The content's sha256 where the store states it (the Hub's LFS oid, pinned at open);
-    /// `None` for local files and objects whose store states none.
+    /// The content's sha256 where the store states it (the Hub's LFS oid, pinned at open;
+    /// S3's full-object checksum, asked for on first use); `None` for local files and objects
+    /// whose store states none.
     pub fn stated_sha256(&self) -> Option<&str> {
         match &self.inner {
-            Inner::Remote(o) => o.meta().pin.sha256.as_deref(),
+            Inner::Remote(o) => o.stated_sha256(),
             Inner::Local(_) => None,
         }
     }

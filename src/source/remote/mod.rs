@@ -239,6 +239,12 @@ pub(crate) trait Namespace: Send + Sync + std::fmt::Debug {
     /// Fill `buf` with the object's bytes from `offset`, as pinned by `meta`, within
     /// [`Config::deadline`] per request.
     fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError>;
+    /// The content's sha256 (lowercase hex) where the store states it for the version
+    /// `meta` pins: what was pinned with it (the Hub's LFS oid), or what the store answers
+    /// when asked (S3's full-object checksum).
+    fn stated_sha256(&self, _key: &str, meta: &Meta) -> Result<Option<String>, RemoteError> {
+        Ok(meta.pin.sha256.clone())
+    }
 }
 
 fn namespaces() -> &'static Mutex<HashMap<String, Arc<dyn Namespace>>> {
@@ -292,6 +298,8 @@ pub struct RemoteObject {
     /// [`RemoteObject::identity_hash`], computed once.
     id: u128,
     fetch: parts::Fetch,
+    /// [`RemoteObject::stated_sha256`], asked for once, when first needed.
+    stated: OnceLock<Option<String>>,
 }
 
 /// Open the object at `p` (it must be a file).
@@ -301,7 +309,7 @@ pub fn open(p: &Path) -> Result<RemoteObject, RemoteError> {
         Some(Kind::File(meta)) => {
             let display = url.display();
             let id = twox_hash::XxHash3_128::oneshot(format!("{display}\0{}\0{}", meta.size, meta.pin.describe()).as_bytes());
-            Ok(RemoteObject { url: display, id, fetch: parts::Fetch { ns, key: url.key.clone(), meta } })
+            Ok(RemoteObject { url: display, id, fetch: parts::Fetch { ns, key: url.key.clone(), meta }, stated: OnceLock::new() })
         }
         Some(Kind::Dir) => Err(RemoteError::Unsupported { url: url.display(), what: "is a directory (a prefix), not an object".into() }),
         None => Err(RemoteError::NotFound { url: url.display(), hint: String::new() }),
@@ -331,6 +339,21 @@ impl RemoteObject {
             });
         }
         parts::read(self.id, &self.fetch, offset, buf)
+    }
+
+    /// The content's sha256 (lowercase hex) where the store states it, asked once (one
+    /// request for S3; nothing for the Hub, whose oid came with the pin). A store that cannot
+    /// be asked counts as stating nothing (logged): the bytes are hashed instead.
+    pub fn stated_sha256(&self) -> Option<&str> {
+        self.stated
+            .get_or_init(|| match self.fetch.ns.stated_sha256(&self.fetch.key, &self.fetch.meta) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("no stated sha256: {e}");
+                    None
+                }
+            })
+            .as_deref()
     }
 
     /// An identity for keys (digest store, disk cache, fetched parts): the URL, the size and

@@ -7,13 +7,16 @@
 //! (no whole-request timeout, which would fail a large part on a slow link; a stall timeout
 //! instead), listings cached per directory, every read conditional on the pinned ETag and
 //! version, the body's length and ETag checked again, and errors mapped to what a user
-//! can act on.
+//! can act on. By hand, because `object_store` has no call for it: S3's stated full-object
+//! `x-amz-checksum-sha256`, which only a HEAD with `x-amz-checksum-mode: ENABLED` returns
+//! (one SigV4-signed request with `object_store`'s own signer, credentials and connector).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use object_store::client::{HttpClient, HttpConnector, HttpRequestBody};
 use object_store::path::Path as OsPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 use parking_lot::Mutex;
@@ -30,6 +33,19 @@ pub struct Bucket {
     config: Config,
     /// Directory listings, by directory key ("" is the root).
     listings: Mutex<HashMap<String, Arc<Listing>>>,
+    /// S3 only: what the checksum HEAD needs.
+    s3: Option<S3Checksums>,
+}
+
+/// The pieces of an S3 client the checksum HEAD ([`Bucket::s3_stated_sha256`]) is made of.
+#[derive(Debug)]
+struct S3Checksums {
+    store: Arc<object_store::aws::AmazonS3>,
+    http: HttpClient,
+    /// `ENDPOINT/BUCKET` (path style, as the object client addresses it).
+    bucket_url: String,
+    region: String,
+    sign: bool,
 }
 
 fn client_options(config: &Config, allow_http: bool) -> ClientOptions {
@@ -67,6 +83,7 @@ impl Bucket {
                 )
             };
         }
+        let mut s3 = None;
         let store: Arc<dyn ObjectStore> = match url.scheme {
             Scheme::S3 => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&url.root);
@@ -78,7 +95,7 @@ impl Bucket {
                 let profile = super::creds::aws_profile();
                 let region = config.region.clone().or_else(|| std::env::var("AWS_REGION").ok()).or_else(|| std::env::var("AWS_DEFAULT_REGION").ok());
                 let region = region.or_else(|| profile.as_ref().and_then(|p| p.region.clone())).unwrap_or_else(|| "us-east-1".into());
-                b = b.with_region(region);
+                b = b.with_region(&region);
                 if config.no_sign_request {
                     b = b.with_skip_signature(true);
                 } else if std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
@@ -89,7 +106,14 @@ impl Bucket {
                         b = b.with_token(t);
                     }
                 }
-                finish!(b, allow_http)
+                let store: Arc<object_store::aws::AmazonS3> = finish!(b, allow_http);
+                let http = CountingConnector::default().connect(&client_options(config, allow_http)).map_err(bad)?;
+                let bucket_url = match &endpoint {
+                    Some(e) => format!("{}/{}", e.trim_end_matches('/'), url.root),
+                    None => format!("https://s3.{region}.amazonaws.com/{}", url.root),
+                };
+                s3 = Some(S3Checksums { store: store.clone(), http, bucket_url, region, sign: !config.no_sign_request });
+                store
             }
             Scheme::Gs => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.root);
@@ -114,7 +138,7 @@ impl Bucket {
             }
             Scheme::Hf => return Err(RemoteError::Unsupported { url: base.clone(), what: "an hf:// URL is a Hub repository, not an object store".into() }),
         };
-        Ok(Bucket { base, scheme: url.scheme, store, config: config.clone(), listings: Mutex::new(HashMap::new()) })
+        Ok(Bucket { base, scheme: url.scheme, store, config: config.clone(), listings: Mutex::new(HashMap::new()), s3 })
     }
 
     fn map(&self, key: &str, e: object_store::Error) -> RemoteError {
@@ -146,6 +170,54 @@ impl Bucket {
         }
     }
 
+    /// S3's full-object sha256 of `key` as pinned by `meta`, where the object carries one:
+    /// a HEAD with `x-amz-checksum-mode: ENABLED` (signed like every other request), checked
+    /// against the pinned ETag. `None` for objects stored without a SHA256 checksum and for
+    /// multipart objects, whose SHA256 is a checksum of the parts' checksums.
+    fn s3_stated_sha256(&self, s3: &S3Checksums, key: &str, meta: &Meta) -> Result<Option<String>, RemoteError> {
+        let url = self.url(key);
+        let encoded: Vec<String> = key.split('/').map(|seg| percent_encoding::utf8_percent_encode(seg, &STRICT_PATH).to_string()).collect();
+        let mut uri = format!("{}/{}", s3.bucket_url, encoded.join("/"));
+        if let Some(v) = &meta.pin.version {
+            uri.push_str(&format!("?versionId={}", percent_encoding::utf8_percent_encode(v, &STRICT_PATH)));
+        }
+        let bad = |what: String| RemoteError::Failed { url: url.clone(), cause: what };
+        let answer = block_on(async {
+            let mut req = http::Request::builder()
+                .method(http::Method::HEAD)
+                .uri(&uri)
+                .header("x-amz-checksum-mode", "ENABLED")
+                .body(HttpRequestBody::empty())
+                .map_err(|e| bad(format!("cannot form the checksum request: {e}")))?;
+            if s3.sign {
+                let cred = s3.store.credentials().get_credential().await.map_err(|e| self.map(key, e))?;
+                object_store::aws::AwsAuthorizer::new(&cred, "s3", &s3.region)
+                    .with_sign_payload(false)
+                    .try_authorize(&mut req, None)
+                    .map_err(|e| bad(format!("cannot sign the checksum request: {}", clip(&e.to_string()))))?;
+            }
+            tokio::time::timeout(self.config.deadline(0), s3.http.execute(req))
+                .await
+                .map_err(|_| bad(format!("no answer to the checksum request within {:?}", self.config.deadline(0))))?
+                .map_err(|e| bad(format!("checksum request: {}", clip(&e.to_string()))))
+        })?;
+        let status = answer.status().as_u16();
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        match status {
+            200 => {}
+            404 => return Err(RemoteError::NotFound { url, hint: String::new() }),
+            412 => return Err(RemoteError::Changed { url, what: "412 to the checksum request".into() }),
+            401 | 403 => return Err(RemoteError::Denied { url, status, hint: self.credentials_hint() }),
+            _ => return Err(bad(format!("{status} to the checksum request"))),
+        }
+        if let (Some(pinned), Some(now)) = (&meta.pin.etag, header("etag"))
+            && pinned != &now
+        {
+            return Err(RemoteError::Changed { url, what: format!("ETag {now} where {pinned} was pinned") });
+        }
+        parse_s3_sha256(header("x-amz-checksum-sha256").as_deref(), header("x-amz-checksum-type").as_deref()).map_err(bad)
+    }
+
     fn listing(&self, dir: &str) -> Result<Arc<Listing>, RemoteError> {
         if let Some(l) = self.listings.lock().get(dir) {
             return Ok(l.clone());
@@ -166,6 +238,26 @@ impl Bucket {
         let v = Arc::new(v);
         self.listings.lock().insert(dir.to_string(), v.clone());
         Ok(v)
+    }
+}
+
+/// What S3 percent-encodes in a key's path segments for SigV4: everything but the
+/// unreserved characters (as `object_store`'s own client encodes them).
+const STRICT_PATH: percent_encoding::AsciiSet = percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// The sha256 (lowercase hex) that S3's `x-amz-checksum-sha256` (base64) states for the
+/// whole object, or `None` where it states none: no header, a multipart object's checksum of
+/// checksums (`...-N`, or `x-amz-checksum-type: COMPOSITE`). A value that is not 32 bytes of
+/// base64 is an error: the server's word cannot be read.
+fn parse_s3_sha256(value: Option<&str>, kind: Option<&str>) -> Result<Option<String>, String> {
+    use base64::Engine;
+    let Some(v) = value.map(str::trim) else { return Ok(None) };
+    if v.contains('-') || kind.is_some_and(|k| !k.eq_ignore_ascii_case("FULL_OBJECT")) {
+        return Ok(None);
+    }
+    match base64::engine::general_purpose::STANDARD.decode(v) {
+        Ok(b) if b.len() == 32 => Ok(Some(hex::encode(b))),
+        _ => Err(format!("x-amz-checksum-sha256 {:?} is not the base64 of 32 bytes", clip(v))),
     }
 }
 
@@ -207,6 +299,13 @@ impl Namespace for Bucket {
 
     fn list_dir(&self, dir: &str) -> Result<Listing, RemoteError> {
         Ok(self.listing(dir)?.as_ref().clone())
+    }
+
+    fn stated_sha256(&self, key: &str, meta: &Meta) -> Result<Option<String>, RemoteError> {
+        match &self.s3 {
+            Some(s3) => self.s3_stated_sha256(s3, key, meta),
+            None => Ok(meta.pin.sha256.clone()),
+        }
     }
 
     fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
@@ -290,5 +389,31 @@ impl Namespace for Bucket {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_checksums_are_taken_only_for_the_whole_object() {
+        // sha256("") in base64 and hex.
+        let b64 = "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=";
+        let hex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        assert_eq!(parse_s3_sha256(Some(b64), None), Ok(Some(hex.to_string())));
+        assert_eq!(parse_s3_sha256(Some(b64), Some("FULL_OBJECT")), Ok(Some(hex.to_string())));
+        assert_eq!(parse_s3_sha256(Some(b64), Some("COMPOSITE")), Ok(None));
+        assert_eq!(parse_s3_sha256(Some(&format!("{b64}-3")), None), Ok(None));
+        assert_eq!(parse_s3_sha256(None, Some("FULL_OBJECT")), Ok(None));
+        assert!(parse_s3_sha256(Some("AAAA"), None).unwrap_err().contains("not the base64 of 32 bytes"));
+        assert!(parse_s3_sha256(Some("not base64!"), None).is_err());
+    }
+
+    #[test]
+    fn keys_are_encoded_as_s3_signs_them() {
+        let enc = |k: &str| percent_encoding::utf8_percent_encode(k, &STRICT_PATH).to_string();
+        assert_eq!(enc("Kimi-K3_v1.0~x.gguf"), "Kimi-K3_v1.0~x.gguf");
+        assert_eq!(enc("a b+c=d:é"), "a%20b%2Bc%3Dd%3A%C3%A9");
     }
 }
