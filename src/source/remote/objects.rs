@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use object_store::client::{HttpClient, HttpConnector, HttpRequestBody};
+use object_store::client::{HttpClient, HttpConnector, HttpErrorKind, HttpRequestBody};
 use object_store::path::Path as OsPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 use parking_lot::Mutex;
@@ -150,9 +150,11 @@ impl Bucket {
             object_store::Error::Unauthenticated { .. } => RemoteError::Denied { url, status: 401, hint: self.credentials_hint() },
             other => {
                 let text = clip(&other.to_string());
-                if text.contains("Connect") || text.contains("error trying to connect") || text.contains("dns error") {
+                if http_error_kind(&other) == Some(HttpErrorKind::Connect) {
                     RemoteError::Unreachable { url, cause: text }
                 } else if text.contains("Content-Range") || text.contains("non-partial") || text.contains("Range") {
+                    // `object_store`'s range checks (its `GetResultError`) are private types:
+                    // only their text says what the server did.
                     RemoteError::BadResponse { url, what: text }
                 } else {
                     RemoteError::Failed { url, cause: text }
@@ -239,6 +241,19 @@ impl Bucket {
         self.listings.lock().insert(dir.to_string(), v.clone());
         Ok(v)
     }
+}
+
+/// The kind of the HTTP failure behind an `object_store` error (a connection that could not
+/// be made, a timeout, ...), found down its source chain.
+fn http_error_kind(e: &object_store::Error) -> Option<HttpErrorKind> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<object_store::client::HttpError>() {
+            return Some(h.kind());
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// What S3 percent-encodes in a key's path segments for SigV4: everything but the
