@@ -73,6 +73,7 @@ fn metrics_endpoint_serves_counters_that_move_with_reads() {
         "# TYPE xpackfs_read_latency_seconds histogram",
         "# TYPE xpackfs_cache_hits counter",
         "# HELP xpackfs_bytes_served ",
+        "# TYPE xpackfs_compute_run_seconds histogram",
     ] {
         assert!(before.contains(t), "{t} not in:\n{before}");
     }
@@ -91,6 +92,15 @@ fn metrics_endpoint_serves_counters_that_move_with_reads() {
     assert_eq!(stats["bytes_served"].as_u64().unwrap(), served);
     assert_eq!(stats["reads"].as_u64().unwrap(), sample_value(&after, "xpackfs_reads_total"));
     assert_eq!(stats["bytes_served_by_origin"]["identity"].as_u64().unwrap(), served);
+
+    // Failures of other operations, by operation and errno: a missing name (a write open
+    // never reaches the daemon: the kernel refuses it on the read-only mount).
+    assert!(std::fs::metadata(m.path("no-such-file")).is_err());
+    let after = scrape(port);
+    let stats = stats_json(&m);
+    let lookups = sample_value(&after, "xpackfs_op_errors_total{op=\"lookup\",errno=\"ENOENT\"}");
+    assert!(lookups >= 1, "{after}");
+    assert!(stats["op_errors"]["lookup"]["ENOENT"].as_u64().unwrap() >= lookups, "{stats}");
 
     assert!(http(port, "GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
     assert!(http(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").starts_with("HTTP/1.1 405 "));

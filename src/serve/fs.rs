@@ -103,7 +103,12 @@ pub struct Stats {
     /// Failed reads by errno name.
     pub errors_by_errno: crate::metrics::Labelled,
     pub latency: crate::metrics::Latency,
+    /// Failed requests other than reads, by operation and errno name.
+    pub op_errors: crate::metrics::Family<[(&'static str, &'static str); 2], crate::metrics::Counter>,
 }
+
+/// The operations other than reads whose failures [`Stats::op_errors`] counts.
+pub const OPS: [&str; 6] = ["lookup", "getattr", "open", "opendir", "readdir", "statfs"];
 
 impl Stats {
     /// Every read metric, registered under `registry`'s prefix.
@@ -116,6 +121,29 @@ impl Stats {
         );
         registry.register("read_errors_by_errno", "Reads of view files that failed, by errno", self.errors_by_errno.clone());
         registry.register("read_latency_seconds", "Latency of reads of view files (power-of-two buckets)", self.latency.clone());
+        registry.register("op_errors", "Failed requests other than reads, by operation and errno", self.op_errors.clone());
+    }
+
+    /// A failed request other than a read (reads count in [`Stats::record_read`]).
+    pub fn record_op_error(&self, op: &'static str, errno: i32) {
+        self.op_errors.get_or_create(&[("op", op), ("errno", errno_name(errno))]).inc();
+    }
+
+    /// [`Stats::op_errors`] as `{op: {errno: count}}`, the operations and errnos seen.
+    pub fn op_errors_json(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for op in OPS {
+            let mut by = serde_json::Map::new();
+            for e in ERRNO_NAMES {
+                if let Some(c) = self.op_errors.get(&[("op", op), ("errno", e)]) {
+                    by.insert(e.to_string(), c.get().into());
+                }
+            }
+            if !by.is_empty() {
+                out.insert(op.to_string(), by.into());
+            }
+        }
+        out.into()
     }
 
     fn record_read(&self, result: Result<usize, i32>, direct: bool, identity: bool, micros: u64) {
@@ -141,7 +169,11 @@ impl Stats {
     }
 }
 
-/// The symbolic name of the errno values a read can give.
+/// Every name [`errno_name`] gives.
+const ERRNO_NAMES: [&str; 15] =
+    ["EIO", "ENOENT", "EISDIR", "ENOTDIR", "EROFS", "EINVAL", "ENOMEM", "EAGAIN", "EINTR", "EBADF", "EFAULT", "ENOSPC", "EOVERFLOW", "ESTALE", "other"];
+
+/// The symbolic name of the errno values a request can give.
 fn errno_name(errno: i32) -> &'static str {
     match errno {
         libc::EIO => "EIO",
@@ -511,6 +543,42 @@ mod tests {
             "xpackfs_read_latency_seconds_count 3\n",
         ] {
             assert!(text.contains(line), "{line} not in {text}");
+        }
+    }
+
+    #[test]
+    fn errors_of_other_operations_by_operation_and_errno() {
+        let s = Stats::default();
+        s.record_op_error("lookup", libc::ENOENT);
+        s.record_op_error("lookup", libc::ENOENT);
+        s.record_op_error("open", libc::EROFS);
+        s.record_op_error("getattr", 12345);
+        assert_eq!(s.op_errors_json(), serde_json::json!({"lookup": {"ENOENT": 2}, "getattr": {"other": 1}, "open": {"EROFS": 1}}));
+        let mut r = crate::metrics::Registry::with_prefix("xpackfs");
+        s.register(&mut r);
+        let text = crate::metrics::render(&r);
+        for line in ["xpackfs_op_errors_total{op=\"lookup\",errno=\"ENOENT\"} 2\n", "xpackfs_op_errors_total{op=\"open\",errno=\"EROFS\"} 1\n"] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
+        // Every name errno_name gives is one the JSON looks for.
+        for e in [
+            libc::EIO,
+            libc::ENOENT,
+            libc::EISDIR,
+            libc::ENOTDIR,
+            libc::EROFS,
+            libc::EINVAL,
+            libc::ENOMEM,
+            libc::EAGAIN,
+            libc::EINTR,
+            libc::EBADF,
+            libc::EFAULT,
+            libc::ENOSPC,
+            libc::EOVERFLOW,
+            libc::ESTALE,
+            0,
+        ] {
+            assert!(ERRNO_NAMES.contains(&errno_name(e)), "{e}");
         }
     }
 }

@@ -92,12 +92,17 @@ fn errno(e: &FsError) -> Errno {
 /// Run one request's filesystem logic behind the guard every callback uses: an error is
 /// logged once, here (read failures and bugs at error level, lookups of absent names at
 /// debug), and a panic (a bug) becomes EIO instead of taking a worker, and the mount, down.
-fn guarded<T>(op: &'static str, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, Errno> {
+/// Failures of operations other than reads are counted by operation and errno (reads count
+/// their own, with their bytes and latency).
+fn guarded<T>(fs: &Fs, op: &'static str, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, Errno> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(Err(FsError::Bug(op)));
     result.map_err(|e| {
         match &e {
             FsError::Read { .. } | FsError::Bug(_) => tracing::error!("{op}: {e}"),
             _ => tracing::debug!("{op}: {e}"),
+        }
+        if op != "read" {
+            fs.stats.record_op_error(op, e.errno());
         }
         errno(&e)
     })
@@ -161,7 +166,7 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let Some(name) = name.to_str() else { return reply.error(Errno::ENOENT) };
-        match guarded("lookup", || self.fs.lookup(parent.0, name)) {
+        match guarded(&self.fs, "lookup", || self.fs.lookup(parent.0, name)) {
             Ok(a) => {
                 let ttl = if self.fs.is_dynamic(a.ino) { Duration::ZERO } else { TTL };
                 reply.entry(&ttl, &to_fuse(a), Generation(0))
@@ -172,21 +177,21 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let ttl = if self.fs.is_dynamic(ino.0) { Duration::ZERO } else { TTL };
-        match guarded("getattr", || self.fs.attr(ino.0)) {
+        match guarded(&self.fs, "getattr", || self.fs.attr(ino.0)) {
             Ok(a) => reply.attr(&ttl, &to_fuse(a)),
             Err(e) => reply.error(e),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let fh = match guarded("open", || self.fs.open(ino.0, flags.0)) {
+        let fh = match guarded(&self.fs, "open", || self.fs.open(ino.0, flags.0)) {
             Ok(fh) => fh,
             Err(e) => return reply.error(e),
         };
         if self.fs.may_pass_through(ino.0) {
             let enabled = self.passthrough.is_enabled();
             let found = if enabled && !self.passthrough.has_cached(ino.0) {
-                match guarded("open", || self.fs.passthrough_backing(ino.0)) {
+                match guarded(&self.fs, "open", || self.fs.passthrough_backing(ino.0)) {
                     Ok(f) => f,
                     Err(e) => return reply.error(e),
                 }
@@ -285,14 +290,14 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match guarded("opendir", || self.fs.readdir(ino.0)) {
+        match guarded(&self.fs, "opendir", || self.fs.readdir(ino.0)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR),
             Err(e) => reply.error(e),
         }
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match guarded("readdir", || self.fs.readdir(ino.0)) {
+        match guarded(&self.fs, "readdir", || self.fs.readdir(ino.0)) {
             Ok(entries) => {
                 for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
                     let kind = if kind == Kind::Dir { FileType::Directory } else { FileType::RegularFile };
@@ -307,7 +312,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let (bytes, files) = guarded("statfs", || Ok(self.fs.totals())).unwrap_or((0, 0));
+        let (bytes, files) = guarded(&self.fs, "statfs", || Ok(self.fs.totals())).unwrap_or((0, 0));
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
 }
@@ -328,7 +333,7 @@ fn serve_read(fs: &Fs, ino: INodeNo, fh: u64, offset: u64, size: u32, ctx: ReadC
         buf.resize(size as usize, 0);
     }
     let out = &mut buf[..size as usize];
-    match guarded("read", || fs.read(ino.0, fh, offset, out, ctx, piece)) {
+    match guarded(fs, "read", || fs.read(ino.0, fh, offset, out, ctx, piece)) {
         Ok(n) => reply.data(&out[..n]),
         Err(e) => reply.error(e),
     }

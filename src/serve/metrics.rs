@@ -40,6 +40,7 @@ pub fn registry(stats: &Stats, tiers: Arc<Tiers>, files: usize, entries: Option<
     let mut r = Registry::with_prefix("xpackfs");
     stats.register(&mut r);
     tiers.mem.stats.register(r.sub_registry_with_prefix("cache"));
+    r.register("compute_run_seconds", "Time each compute job ran (power-of-two buckets)", tiers.pool.stats().run_latency.clone());
     if let Some(d) = &tiers.disk {
         d.stats.register(r.sub_registry_with_prefix("disk_cache"));
     }

@@ -334,6 +334,7 @@ fn stats_content(
                 "max": stats.latency_quantile(1.0),
                 "note": "upper bounds of power-of-two buckets",
             },
+            "op_errors": stats.op_errors_json(),
             "cache": tiers.mem.snapshot(),
             "disk_cache": tiers.disk.as_ref().map(|d| d.snapshot()),
             "passthrough": {

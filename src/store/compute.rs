@@ -74,6 +74,8 @@ pub struct PoolStats {
     pub wasted: AtomicU64,
     pub failed: AtomicU64,
     pub panics: AtomicU64,
+    /// How long each run took (wasted ones included: they used the core all the same).
+    pub run_latency: crate::metrics::Latency,
 }
 
 struct State<E> {
@@ -298,7 +300,10 @@ fn run<E: From<Panicked> + Send + Sync + 'static>(shared: &Shared<E>, f: &Arc<Fl
     };
     let stat = if prio == Priority::Read { &shared.stats.runs_read } else { &shared.stats.runs_background };
     stat.fetch_add(1, Relaxed);
-    let out = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job())) {
+    let started = std::time::Instant::now();
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job()));
+    shared.stats.run_latency.record(started.elapsed().as_micros() as u64);
+    let out = match out {
         Ok(Ok(parts)) => Ok(parts),
         Ok(Err(e)) => {
             shared.stats.failed.fetch_add(1, Relaxed);
@@ -415,6 +420,8 @@ pub(crate) mod tests {
         assert!(results.iter().all(|r| Arc::ptr_eq(r, &results[0]) && &*r[0] == b"chunk"));
         assert!(p.stats().joined.load(Relaxed) >= 1);
         settle(&p);
+        // The one run, timed: its 50 ms fall in the bucket up to 2^16 us.
+        assert_eq!(p.stats().run_latency.quantile(1.0), 1 << 16);
     }
 
     #[test]

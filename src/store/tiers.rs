@@ -112,6 +112,11 @@ pub struct ComputeSnapshot {
     pub prefetch_queued: usize,
     pub prefetch_requested: u64,
     pub prefetch_dropped: u64,
+    /// How long compute runs took: upper bounds (microseconds) of the power-of-two buckets
+    /// holding the median, the 99th percentile and the longest.
+    pub run_p50_us: u64,
+    pub run_p99_us: u64,
+    pub run_max_us: u64,
 }
 
 impl<E: ChunkError> Tiers<E> {
@@ -287,6 +292,9 @@ impl<E: ChunkError> Tiers<E> {
             prefetch_queued: self.prefetching.len(),
             prefetch_requested: self.prefetch_requested.load(Relaxed),
             prefetch_dropped: self.prefetch_dropped.load(Relaxed),
+            run_p50_us: s.run_latency.quantile(0.50),
+            run_p99_us: s.run_latency.quantile(0.99),
+            run_max_us: s.run_latency.quantile(1.0),
         }
     }
 }
