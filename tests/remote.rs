@@ -561,20 +561,8 @@ fn a_hub_split_set_takes_its_shard_digests_from_the_hub_and_verify_checks_them()
     // The mount reads headers (the parser's first 256 KiB of each part, and the few payload
     // samples the manifest reports), not the shards: the per-shard sha256 are the Hub's LFS
     // oids, and equal what hashing gives.
-    let mnt = tmp();
     let url = format!("hf://org/kimi/gguf/{}", parts[0]);
-    let mut args = vec!["mount", &url, mnt.path().to_str().unwrap()];
-    args.extend_from_slice(&opts);
-    let o = xpackfs(&env, &args);
-    assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
-    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
-    let served = std::fs::read(mnt.path().join(&manifest));
-    umount(mnt.path());
-    let (want, got): (Value, Value) =
-        (serde_json::from_slice(&std::fs::read(local.path().join(&manifest)).unwrap()).unwrap(), serde_json::from_slice(&served.unwrap()).unwrap());
-    assert_eq!(normalized(got), normalized(want), "the manifest of the Hub split set");
-    let fetched = stats["remote"]["bytes"].as_u64().unwrap();
-    assert!(fetched * 4 < total, "the mount fetched {fetched} of {total} source bytes: {stats}");
+    assert_manifest_from_headers(&env, &url, &opts, (local.path(), &manifest), total);
 
     // A store whose word and bytes disagree (the last part changed on the CDN's disk, its
     // LFS oid not): materialize --verify refuses, naming the part.
@@ -625,20 +613,8 @@ fn an_s3_split_set_with_sha256_checksums_takes_its_shard_digests_from_s3() {
     let local = materialize(&[], gguf.join(&parts[0]).to_str().unwrap(), &opts);
     let manifest = tree_files(local.path()).into_iter().find(|f| f.ends_with(".manifest.json")).unwrap();
 
-    let mnt = tmp();
     let url = format!("s3://bkt/k/{}", parts[0]);
-    let mut args = vec!["mount", &url, mnt.path().to_str().unwrap()];
-    args.extend_from_slice(&opts);
-    let o = xpackfs(&env, &args);
-    assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
-    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
-    let served = std::fs::read(mnt.path().join(&manifest));
-    umount(mnt.path());
-    let (want, got): (Value, Value) =
-        (serde_json::from_slice(&std::fs::read(local.path().join(&manifest)).unwrap()).unwrap(), serde_json::from_slice(&served.unwrap()).unwrap());
-    assert_eq!(normalized(got), normalized(want.clone()), "the manifest of the S3 split set");
-    let fetched = stats["remote"]["bytes"].as_u64().unwrap();
-    assert!(fetched * 4 < total, "the mount fetched {fetched} of {total} source bytes: {stats}");
+    let want = assert_manifest_from_headers(&env, &url, &opts, (local.path(), &manifest), total);
 
     // materialize --verify hashes what it read and agrees with S3's statement.
     let out = tmp();
@@ -647,6 +623,18 @@ fn an_s3_split_set_with_sha256_checksums_takes_its_shard_digests_from_s3() {
     let o = xpackfs(&env, &args);
     assert!(o.status.success(), "materialize --verify: {}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(normalized(serde_json::from_slice(&std::fs::read(out.path().join(&manifest)).unwrap()).unwrap()), normalized(want));
+}
+
+/// Mount `url` with `opts`: its `manifest` equals the one in `local` (returned), and the mount
+/// fetched under a quarter of the `total` source bytes (headers, not shards).
+fn assert_manifest_from_headers(env: &[(&str, String)], url: &str, opts: &[&str], (local, manifest): (&Path, &str), total: u64) -> Value {
+    let (served, remote) = mount_read(env, url, opts, manifest);
+    let want: Value = serde_json::from_slice(&std::fs::read(local.join(manifest)).unwrap()).unwrap();
+    let got: Value = serde_json::from_slice(&served).unwrap();
+    assert_eq!(normalized(got), normalized(want.clone()), "the manifest of {url}");
+    let fetched = remote["bytes"].as_u64().unwrap();
+    assert!(fetched * 4 < total, "the mount fetched {fetched} of {total} source bytes: {remote}");
+    want
 }
 
 fn kimi_parts_in(dir: &Path) -> Vec<String> {
