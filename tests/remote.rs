@@ -2,7 +2,8 @@
 //! (`tools/remote/`): moto's S3 server (objects uploaded through the S3 API, single-part
 //! and multipart), a plain HTTP server that honours Range, the Hub stand-in (checked
 //! against huggingface_hub by `tools/remote/check_hub_standin.py`), and a fault-injecting
-//! proxy. Each view of a remote source must equal the same view of the same files on
+//! proxy; Azure through Azurite, GCS through gcp-storage-emulator (with what it lacks added
+//! by `servers.py gcs`). Each view of a remote source must equal the same view of the same files on
 //! local disk, through the `xpackfs` binary (one process per command: remote settings are
 //! per process) and through a real FUSE mount.
 
@@ -775,13 +776,12 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     assert_eq!(s5["bytes"], 0, "the mount after warm fetched bytes: {s5}");
 }
 
-/// `gs://` against `gcp-storage-emulator` (PyPI). `STORAGE_EMULATOR_HOST` must send the
-/// requests to the emulator, unauthenticated (as Google's clients do), never to Google. The
-/// emulator (2026.7.19) cannot serve `object_store`'s GCS client yet: it answers 501 to the
-/// HEAD that pins the object at mount and to the XML listing, and its GETs carry neither
-/// ETag nor Last-Modified, which `object_store` requires (README, "Remote sources"). So the
-/// test accepts exactly that refusal, from the emulator's address, and compares every byte
-/// of the view with the local one as soon as the emulator answers.
+/// `gs://` against `gcp-storage-emulator` (PyPI), with what it lacks for `object_store`'s GCS
+/// client added by `tools/remote/servers.py gcs` (a HEAD, ETag and Last-Modified on its GETs,
+/// If-Match, the XML listing: see there and README, "Remote sources").
+/// `STORAGE_EMULATOR_HOST` sends the requests to the emulator, unauthenticated, as Google's
+/// clients do, never to Google. Every view must equal the same view of the local files, and
+/// an object replaced while mounted fails its reads instead of mixing versions.
 #[test]
 fn a_gcs_source_through_the_emulator() {
     let installed = python().args(["-c", "import gcp_storage_emulator, google.cloud.storage"]).output().is_ok_and(|o| o.status.success());
@@ -790,25 +790,77 @@ fn a_gcs_source_through_the_emulator() {
         return;
     }
     let fx = tmp();
-    std::fs::copy(sample(), fx.path().join("sample-moe.gguf")).unwrap();
-    let upload = format!("{}=m", fx.path().display());
+    let root = fx.path().join("ckpt");
+    std::fs::create_dir_all(root.join("gguf")).unwrap();
+    std::fs::copy(sample(), root.join("gguf/sample-moe.gguf")).unwrap();
+    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(root.join("v4")));
+    let upload = format!("{}=ckpt", root.display());
     let gcs = Server::start("servers.py", &["gcs", "--port", "0", "--upload", &upload]);
-    let host = gcs.get("gcs");
+    let (host, bucket) = (gcs.get("gcs"), gcs.get("bucket"));
     // No gcloud credentials of the machine's user come into it.
     let home = tmp();
     let env: Env = vec![("STORAGE_EMULATOR_HOST", host.clone()), ("HOME", home.path().display().to_string())];
-    let url = format!("gs://{}/m/sample-moe.gguf", gcs.get("bucket"));
-    let out = tmp();
-    let started = Instant::now();
-    let o = xpackfs(&env, &["materialize", &url, "--out", out.path().to_str().unwrap(), "--remote-attempts=2"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    if o.status.success() {
-        let want = materialize(&[], sample().to_str().unwrap(), &[]);
-        assert_same_views(want.path(), out.path(), "expert-pack of a GCS object");
-        return;
+    let local = |p: &str| root.join(p).to_str().unwrap().to_string();
+    let gguf = format!("gs://{bucket}/ckpt/gguf/sample-moe.gguf");
+    // A single object (pinned by a HEAD, read by conditional ranged GETs) and a directory
+    // (listed; HEAD answers 404 for the prefix), as the S3 test names them.
+    let cases: Vec<(&str, String, String, Vec<&str>)> = vec![
+        ("expert-pack of a GCS GGUF object", local("gguf/sample-moe.gguf"), gguf.clone(), vec![]),
+        ("bf16-cache of a GCS safetensors prefix", local("v4"), format!("gs://{bucket}/ckpt/v4/"), vec!["--view=bf16-cache"]),
+        ("bf16-cache of a GCS prefix named without the slash", local("v4"), format!("gs://{bucket}/ckpt/v4"), vec!["--view=bf16-cache"]),
+    ];
+    for (what, l, r, opts) in &cases {
+        let a = materialize(&[], l, opts);
+        let b = materialize(&env, r, opts);
+        assert_same_views(a.path(), b.path(), what);
     }
-    // The known refusal: the emulator's own 501 to the HEAD, from its address, quickly.
-    assert!(err.contains(&url) && err.contains(&format!("HEAD {host}/")) && err.contains("501"), "not the emulator's known refusal: {err}");
-    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
-    eprintln!("NOT COMPARED (gs://): the emulator cannot serve object_store's GCS requests (README, Remote sources): {}", err.trim());
+
+    // Replaced while mounted (the same size, other bytes from the middle on): what was read
+    // before is the old object's, and a read after fails (the pinned ETag's If-Match gets
+    // 412) instead of mixing versions; a new materialize reads the new object. The source's
+    // digests are stored first, so the mount reads headers and not the whole object (which a
+    // part of the memory tier would then hold), and its parts are 1 MiB: the read after the
+    // replacement has to fetch.
+    require_fuse();
+    let want = std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let store = tmp();
+    let mut env = env;
+    env.push(("XPACKFS_DIGEST_STORE", store.path().display().to_string()));
+    let o = xpackfs(&env, &["digest", &gguf]);
+    assert!(o.status.success(), "digest: {}", String::from_utf8_lossy(&o.stderr));
+    let mnt = tmp();
+    let o = xpackfs(&env, &["mount", &gguf, mnt.path().to_str().unwrap(), "--cache-mb=1", "--remote-part-mb=1", "--remote-attempts=2"]);
+    assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
+    let pack = mnt.path().join("sample-moe.pack");
+    let mut head = vec![0u8; 4096];
+    let first = std::fs::File::open(&pack).and_then(|mut f| f.read_exact(&mut head));
+    let mut other = std::fs::read(sample()).unwrap();
+    let n = other.len();
+    for b in &mut other[n / 2..] {
+        *b ^= 0x5a;
+    }
+    let replacement = fx.path().join("other.gguf");
+    std::fs::write(&replacement, &other).unwrap();
+    let put = python()
+        .arg(repo().join("tools/remote/servers.py"))
+        .args(["gcs-put", "--endpoint", &host, "--bucket", &bucket, "--key", "ckpt/gguf/sample-moe.gguf", "--file", replacement.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let whole = std::fs::read(&pack);
+    let stats: Value = serde_json::from_slice(&std::fs::read(mnt.path().join(".xpackfs/stats.json")).unwrap_or_default()).unwrap_or(Value::Null);
+    umount(mnt.path());
+    assert!(put.status.success(), "gcs-put: {}", String::from_utf8_lossy(&put.stderr));
+    first.unwrap();
+    assert!(head[..] == want[..4096], "the first 4 KiB of the mounted pack differ from the local one");
+    match whole {
+        Ok(bytes) => panic!("a read after the replacement succeeded ({} bytes, the old pack: {})", bytes.len(), bytes == want),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}"),
+    }
+    let remote = &stats["remote"];
+    assert!(remote["answers"]["412"].as_u64().unwrap_or(0) > 0 && remote["failures"]["changed"].as_u64().unwrap_or(0) > 0, "no 412 seen: {stats}");
+    let new_local = tmp();
+    std::fs::write(new_local.path().join("sample-moe.gguf"), &other).unwrap();
+    let a = materialize(&[], new_local.path().join("sample-moe.gguf").to_str().unwrap(), &[]);
+    let b = materialize(&env, &gguf, &[]);
+    assert_same_views(a.path(), b.path(), "expert-pack of the replaced GCS object");
 }

@@ -6,7 +6,8 @@
   secret refused, SigV4 through fault_proxy.py (with injected 503s, boto3 retrying) still verifying, s3-put
   replacing an object (new ETag and version id), unsigned requests refused; then s3 --public: unsigned GET.
 - http: 200/206/416, ETag and Last-Modified, If-Match 412.
-- azurite and gcs when their programs are installed (skipped otherwise): uploads and one ranged read.
+- azurite and gcs when their programs are installed (skipped otherwise): uploads and one ranged read; for gcs
+  also what servers.py adds to the emulator (HEAD, ETag/Last-Modified, If-Match 412, the XML listing) and gcs-put.
 Exits non-zero on any failure.
 
     python3 tools/remote/check_servers.py
@@ -172,13 +173,54 @@ def main():
                                      headers={"Range": "bytes=100-199"})
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 206 and r.read() == big[100:200]
+        # What servers.py adds for object_store's XML-API client: HEAD, ETag/Last-Modified, If-Match, listing.
+        u = o["gcs"] + "/models/ckpt%2Fbig%2Egguf"
+        etag = '"%s"' % hashlib.md5(big).hexdigest()
+        assert o["objects"]["ckpt/big.gguf"]["xml_etag"] == etag, o["objects"]["ckpt/big.gguf"]
+        with urllib.request.urlopen(urllib.request.Request(u, method="HEAD"), timeout=10) as r:
+            assert r.status == 200 and r.read() == b"", r.status
+            assert r.headers["Content-Length"] == str(len(big)) and r.headers["ETag"] == etag, dict(r.headers)
+            assert r.headers["Last-Modified"].endswith(" GMT"), dict(r.headers)
+        with urllib.request.urlopen(urllib.request.Request(u, headers={"Range": "bytes=5000000-5000099",
+                                                                       "If-Match": etag}), timeout=10) as r:
+            assert r.status == 206 and r.read() == big[5_000_000:5_000_100]
+            assert r.headers["ETag"] == etag and r.headers["Last-Modified"]
+            assert r.headers["Content-Range"] == "bytes 5000000-5000099/%d" % len(big)
+        for hd, code, url in (({"If-Match": '"x"', "Range": "bytes=0-1"}, 412, u),
+                              ({}, 404, o["gcs"] + "/models/nothing")):
+            for method in ("GET", "HEAD"):
+                try:
+                    urllib.request.urlopen(urllib.request.Request(url, headers=hd, method=method), timeout=10)
+                    raise AssertionError("%s: expected %d" % (method, code))
+                except urllib.error.HTTPError as e:
+                    assert e.code == code, (method, e.code)
+        with urllib.request.urlopen(o["gcs"] + "/models?list-type=2&delimiter=%2F&prefix=ckpt%2F", timeout=10) as r:
+            x = r.read().decode()
+            assert "<Key>ckpt/big.gguf</Key>" in x and "<Key>ckpt/config.json</Key>" in x, x
+            assert "<Prefix>ckpt/sub/</Prefix>" in x and "ckpt/sub/small.bin" not in x, x
+            assert "<ETag>%s</ETag><Size>%d</Size>" % (etag, len(big)) in x, x
+        # gcs-put: a new object under the key; the old ETag's If-Match now gets 412.
+        new = os.path.join(tmp, "new.bin")
+        with open(new, "wb") as f:
+            f.write(b"replaced" * 100)
+        put = subprocess.run([sys.executable, os.path.join(HERE, "servers.py"), "gcs-put", "--endpoint", o["gcs"],
+                              "--bucket", "models", "--key", "ckpt/big.gguf", "--file", new],
+                             capture_output=True, text=True, check=True)
+        assert json.loads(put.stdout)["size"] == 800, put.stdout
+        try:
+            urllib.request.urlopen(urllib.request.Request(u, headers={"If-Match": etag}), timeout=10)
+            raise AssertionError("If-Match of the replaced object's ETag was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 412, e.code
+        with urllib.request.urlopen(u, timeout=10) as r:
+            assert r.read() == b"replaced" * 100 and r.headers["ETag"] == json.loads(put.stdout)["xml_etag"]
 
     try:
         check("s3: single/multipart ETags, range, If-Match, bad keys, SigV4 through the fault proxy, overwrite", s3)
         check("s3 --public: unsigned ranged GET", s3_public)
         check("http: suffix range, 416, If-Match, ETag, Last-Modified", http)
         check("azurite: upload and ranged read (skipped when not installed)", azurite)
-        check("gcs: upload and ranged read (skipped when not installed)", gcs)
+        check("gcs: upload, ranged read, the added HEAD/ETag/If-Match/listing, gcs-put (skipped if not installed)", gcs)
     finally:
         for p in procs:
             p.terminate()

@@ -39,7 +39,7 @@ Subcommands (each also takes --parent-pid PID and --exit-on-stdin-eof; all bind 
          file is replaced), Last-Modified, Accept-Ranges; If-Match (412), If-None-Match (304), If-Range.
          Files are opened per request, so replacing a file under the root replaces the object.
 
-  azurite / gcs   see the notes at the end of this docstring (what starts here and how to load it).
+  azurite / gcs / gcs-put   see the notes at the end of this docstring (what starts here and how to load it).
 
 Notes on the emulators (tried on this machine, 2 cores; the `azurite` and `gcs` subcommands do all of it):
 - Azurite 3.35.0 (npm `azurite`, `npm install -g azurite`: 374 packages, about 45 s; tools/deps.sh installs
@@ -53,23 +53,28 @@ Notes on the emulators (tried on this machine, 2 cores; the `azurite` and `gcs` 
   ranged GETs (x-ms-range / Range) answer 206; If-Match with a wrong ETag answers 412; ETags look like
   `"0x8DC..."`. `servers.py azurite --port 0 --upload DIR[=PREFIX]` prints {"azure": endpoint, "account",
   "key", "container", "connection_string", "objects": {name: {"size", "etag"}}}.
-- gcp-storage-emulator 2026.7.19 (PyPI, with google-cloud-storage to upload): `gcp-storage-emulator start
-  --host 127.0.0.1 --port P --in-memory`, up in about 1 s; clients find it by
-  `STORAGE_EMULATOR_HOST=http://127.0.0.1:P` (google-cloud-storage with AnonymousCredentials). Seen: media
-  GETs (`/download/storage/v1/b/B/o/OBJ?alt=media`, `/storage/v1/b/B/o/OBJ?alt=media`, and the XML-style
-  `/B/OBJ`) honour Range (206 + Content-Range) but answer HTTP/1.0 without an ETag, and IGNORE both
-  `ifGenerationMatch` and If-Match (206 with the bytes): the object-replaced-while-mounted test cannot be run
-  against it (use moto or Azurite for that); listing `/storage/v1/b/B/o?prefix=` works. object_store's GCS client
-  (XML API) cannot read from it: HEAD /B/KEY answers 501 (no do_HEAD), the XML listing GET /B?list-type=2 answers
-  501, and its GETs lack the ETag and Last-Modified that object_store requires (README, "Remote sources"). `servers.py gcs
-  --port 0 --upload DIR[=PREFIX]` prints {"gcs": endpoint, "bucket", "objects": {name: {"size", "etag",
-  "generation", "md5", "crc32c"}}}.
+- gcp-storage-emulator 2026.7.19 (PyPI, the newest, with google-cloud-storage to upload): what `gcp-storage-emulator
+  start --host 127.0.0.1 --port P --in-memory` runs, started here in this process (`create_server`) so that
+  what it lacks can be added first (`patch_gcs_emulator`, below); clients find it by
+  `STORAGE_EMULATOR_HOST=http://127.0.0.1:P` (google-cloud-storage with AnonymousCredentials). Seen on the
+  emulator alone: media GETs (`/download/storage/v1/b/B/o/OBJ?alt=media`, `/storage/v1/b/B/o/OBJ?alt=media`,
+  and the XML-style `/B/OBJ`) honour Range (206 + Content-Range) but answer HTTP/1.0 without an ETag or
+  Last-Modified, and IGNORE both `ifGenerationMatch` and If-Match (206 with the bytes); listing
+  `/storage/v1/b/B/o?prefix=` works; object_store's GCS client (XML API) cannot read from it: HEAD /B/KEY answers
+  501 (no do_HEAD), the XML listing GET /B?list-type=2 answers 501, and its GETs lack the ETag and Last-Modified
+  that object_store requires. With the additions (the comment above `patch_gcs_emulator` lists them; README,
+  "Remote sources"), object_store reads and lists it, and If-Match answers 412 after an overwrite.
+  `servers.py gcs --port 0 --upload DIR[=PREFIX]` prints {"gcs": endpoint, "bucket", "objects": {name: {"size",
+  "etag" (the JSON API's), "xml_etag" (what HEAD/GET/list send), "generation", "md5", "crc32c"}}}.
+  `servers.py gcs-put --endpoint URL --bucket B --key K --file F` replaces one object (new generation and, for
+  other bytes, a new ETag) and prints {"key", "size", "etag", "xml_etag", ...}.
 - moto 5.2.1 (S3): answers `Connection: close` (no keep-alive) and echoes the upload's
   `x-amz-content-sha256` on GETs of single-part objects (not an S3 response header: do not take it as a
   digest); SigV4 signatures made for a fault_proxy.py address verify through the proxy (checked with --auth).
 """
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -343,29 +348,160 @@ def cmd_azurite(args):
 
 
 # ---- gcp-storage-emulator -----------------------------------------------------------------------------------
-def cmd_gcs(args):
-    port = args.port or free_port()
-    exe = shutil.which("gcp-storage-emulator")
-    cmd = [exe] if exe else [sys.executable, "-m", "gcp_storage_emulator"]
-    p = child(cmd + ["start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-              stderr=subprocess.DEVNULL if not os.environ.get("XPACKFS_SERVER_VERBOSE") else None)
-    try:
-        wait_port(port, 60, p)
-        endpoint = "http://127.0.0.1:%d" % port
-        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
+# What the emulator lacks and the test adds. object_store 0.14's GCS client speaks GCS's XML API
+# (`{base}/BUCKET/PERCENT-ENCODED-KEY`) and makes three kinds of request; gcp-storage-emulator 2026.7.19 (the
+# newest on PyPI) serves none of them as object_store needs. `patch_gcs_emulator` adds, on the emulator's own
+# router (`server.HANDLERS`, `RequestHandler`) and from its own stored object metadata (`storage`), only this:
+#   1. HEAD /BUCKET/KEY (object_store's `head`: the size and ETag xpackfs pins at mount): the emulator's
+#      request handler has no do_HEAD (501). Added: the emulator's own XML-path GET, sent without the body.
+#   2. ETag and Last-Modified on GET /BUCKET/KEY (ranged and whole): the emulator sends neither, and
+#      object_store requires both on every GET and HEAD. Added: `ETag: "<hex MD5>"` (what GCS's XML API sends
+#      for a non-composite object; from the stored md5Hash) and Last-Modified (from the stored `updated`).
+#   3. If-Match on GET/HEAD /BUCKET/KEY (xpackfs makes every read conditional on the pinned ETag): the
+#      emulator ignores it. Added: 412 PreconditionFailed when no listed ETag (or `*`) matches.
+#   4. GET /BUCKET?list-type=2&prefix=&delimiter= (object_store's listing, ListObjectsV2 style): no route
+#      (501). Added: a ListBucketResult of the emulator's own listing (`storage.get_file_list`), Key, Size,
+#      LastModified, ETag per object, CommonPrefixes, in one page (no continuation token; max-keys not
+#      applied; start-after applied).
+# Left as the emulator has it: HTTP/1.0, one request at a time, no `x-goog-generation` header (so xpackfs
+# pins the ETag only, and its reads carry no `?generation=`), `?generation=` and `x-goog-if-generation-match`
+# ignored on reads, the JSON API's media GETs (`/download/storage/v1/...`, `?alt=media`) unchanged.
+def _gcs_xml_etag(obj):
+    return '"%s"' % base64.b64decode(obj["md5Hash"]).hex()
 
-        client = storage.Client(credentials=AnonymousCredentials(), project="xpackfs-test")
-        bucket = client.create_bucket(args.bucket)
+
+def _gcs_last_modified(obj, http=True):
+    from datetime import datetime, timezone
+
+    t = datetime.strptime(obj["updated"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return formatdate(t.timestamp(), usegmt=True) if http else obj["updated"]
+
+
+def patch_gcs_emulator():
+    """Add to gcp-storage-emulator what object_store's GCS client needs (see the comment above); idempotent."""
+    import re
+    from http import HTTPStatus
+    from xml.sax.saxutils import escape
+
+    from gcp_storage_emulator import server as gsrv
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects as gobj
+
+    if getattr(gsrv, "_xpackfs_patched", False):
+        return
+    gsrv._xpackfs_patched = True
+    xml_object = r"^/(?P<bucket_name>[-.\w]+)/(?P<object_id>.*[^/]+)$"
+
+    def xml_error(res, status, code):
+        res.status = status
+        res.write_file(("<?xml version='1.0' encoding='UTF-8'?><Error><Code>%s</Code></Error>" % code).encode(),
+                       content_type="application/xml; charset=UTF-8")
+
+    def xml_get(req, res, storage, *args, **kwargs):  # 2 and 3, around the emulator's own download
+        try:
+            obj = storage.get_file_obj(req.params["bucket_name"], req.params["object_id"])
+        except NotFound:
+            return xml_error(res, HTTPStatus.NOT_FOUND, "NoSuchKey")
+        etag = _gcs_xml_etag(obj)
+        want = req.get_header("If-Match")
+        if want is not None and "*" not in want and etag not in [t.strip() for t in want.split(",")]:
+            return xml_error(res, HTTPStatus.PRECONDITION_FAILED, "PreconditionFailed")
+        gobj.download(req, res, storage)
+        if res.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            res["ETag"] = etag
+            res["Last-Modified"] = _gcs_last_modified(obj)
+
+    def xml_list(req, res, storage, *args, **kwargs):  # 4
+        q = {k: v[0] for k, v in req.query.items()}
+        try:
+            files, prefixes = storage.get_file_list(req.params["bucket_name"], q.get("prefix"), q.get("delimiter"))
+        except NotFound:
+            return xml_error(res, HTTPStatus.NOT_FOUND, "NoSuchBucket")
+        after = q.get("start-after", "")
+        files = [o for o in files if o["name"] > after]
+        prefixes = [p for p in prefixes if p > after]
+        out = ["<?xml version='1.0' encoding='UTF-8'?>",
+               '<ListBucketResult xmlns="http://doc.s3.amazonaws.com/2006-03-01">',
+               "<Name>%s</Name><Prefix>%s</Prefix><KeyCount>%d</KeyCount><IsTruncated>false</IsTruncated>"
+               % (escape(req.params["bucket_name"]), escape(q.get("prefix", "")), len(files) + len(prefixes))]
+        for o in files:
+            out.append("<Contents><Key>%s</Key><Generation>%s</Generation><LastModified>%s</LastModified>"
+                       "<ETag>%s</ETag><Size>%s</Size></Contents>"
+                       % (escape(o["name"]), o["generation"], _gcs_last_modified(o, http=False),
+                          escape(_gcs_xml_etag(o)), o["size"]))
+        for p in prefixes:
+            out.append("<CommonPrefixes><Prefix>%s</Prefix></CommonPrefixes>" % escape(p))
+        out.append("</ListBucketResult>")
+        res.write_file("".join(out).encode(), content_type="application/xml; charset=UTF-8")
+
+    handlers = []
+    for regex, methods in gsrv.HANDLERS:
+        if regex == xml_object:
+            methods = dict(methods, GET=xml_get)
+        handlers.append((regex, methods))
+    if not any(r == xml_object for r, _ in handlers):
+        raise SystemExit("gcp-storage-emulator: no XML object route where 2026.7.19 has it; update servers.py")
+    handlers.append((r"^/(?P<bucket_name>[-.\w]+)$", {"GET": xml_list}))  # after the /b and /wipe routes
+    gsrv.HANDLERS = tuple(handlers)
+    route = re.compile(xml_object)
+
+    class HeadResponse(gsrv.Response):
+        def close(self):  # the GET's status and headers; Content-Length that of the body not sent
+            body = self._content.encode() if isinstance(self._content, str) else self._content
+            self._handler.send_response(self.status.value, self.status.phrase)
+            for k, v in self._headers.items():
+                self._handler.send_header(k, v)
+            self._handler.send_header("Content-Length", str(len(body)))
+            self._handler.end_headers()
+
+    def do_HEAD(handler):  # 1
+        req, res = gsrv.Request(handler, "HEAD"), HeadResponse(handler)
+        m = route.fullmatch(req.path)
+        if m:
+            req.set_match(m)
+            xml_get(req, res, handler.storage)
+        else:
+            res.status = HTTPStatus.NOT_IMPLEMENTED
+        res.close()
+
+    gsrv.RequestHandler.do_HEAD = do_HEAD
+
+
+def gcs_client(endpoint):
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    return storage.Client(credentials=AnonymousCredentials(), project="xpackfs-test")
+
+
+def gcs_upload(bucket, local, key):
+    blob = bucket.blob(key)
+    blob.upload_from_filename(local)
+    blob.reload()
+    return {"size": blob.size, "etag": blob.etag, "generation": blob.generation, "md5": blob.md5_hash,
+            "crc32c": blob.crc32c, "xml_etag": _gcs_xml_etag({"md5Hash": blob.md5_hash})}
+
+
+def cmd_gcs(args):
+    import logging
+
+    if not os.environ.get("XPACKFS_SERVER_VERBOSE"):
+        logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
+    try:
+        patch_gcs_emulator()
+        from gcp_storage_emulator.server import create_server
+
+        # The emulator in this process (what `gcp-storage-emulator start --host H --port P --in-memory` runs).
+        emu = create_server("127.0.0.1", args.port, in_memory=True)
+        emu.start()
+        _common.on_exit(emu.stop)
+        endpoint = "http://127.0.0.1:%d" % emu._api._httpd.server_address[1]
+        bucket = gcs_client(endpoint).create_bucket(args.bucket)
         objects = {}
         for spec in args.upload:
             for local, key in walk_files(spec):
-                blob = bucket.blob(key)
-                blob.upload_from_filename(local)
-                blob.reload()
-                objects[key] = {"size": blob.size, "etag": blob.etag, "generation": blob.generation,
-                                "md5": blob.md5_hash, "crc32c": blob.crc32c}
+                objects[key] = gcs_upload(bucket, local, key)
     except BaseException:
         import traceback
 
@@ -374,6 +510,12 @@ def cmd_gcs(args):
     _common.apply_lifetime_args(args)
     _common.ready({"gcs": endpoint, "bucket": args.bucket, "objects": objects})
     wait_forever()
+
+
+def cmd_gcs_put(args):
+    d = gcs_upload(gcs_client(args.endpoint).bucket(args.bucket), args.file, args.key)
+    d["key"] = args.key
+    print(json.dumps(d), flush=True)
 
 
 def main():
@@ -421,8 +563,15 @@ def main():
     s.add_argument("--upload", action="append", default=[], metavar="PATH[=PREFIX]")
     _common.add_lifetime_args(s)
 
+    s = sub.add_parser("gcs-put", help="upload/replace one object in a running gcs server")
+    s.add_argument("--endpoint", required=True)
+    s.add_argument("--bucket", required=True)
+    s.add_argument("--key", required=True)
+    s.add_argument("--file", required=True)
+
     args = ap.parse_args()
-    {"s3": cmd_s3, "s3-put": cmd_s3_put, "http": cmd_http, "azurite": cmd_azurite, "gcs": cmd_gcs}[args.cmd](args)
+    {"s3": cmd_s3, "s3-put": cmd_s3_put, "http": cmd_http, "azurite": cmd_azurite, "gcs": cmd_gcs,
+     "gcs-put": cmd_gcs_put}[args.cmd](args)
 
 
 if __name__ == "__main__":
