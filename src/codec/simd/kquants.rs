@@ -197,8 +197,11 @@ pub(crate) fn make_q3_lanes<S: Simd, const N: usize, const K: usize>(s: S, nmax:
     let zero = s.splat(0.0);
     let mut w = [[zero; N]; K];
     let mut wx = [[zero; N]; K];
-    // The levels as f32 (small integers, exact).
+    // The levels as f32 (small integers, exact), and the terms `w*x*l`, `w*l*l` of the
+    // sums at the current levels (the same products the reference recomputes).
     let mut lf = [[zero; N]; K];
+    let mut wxl = [[zero; N]; K];
+    let mut wll = [[zero; N]; K];
     let mut sumlx = [zero; K];
     let mut suml2 = [zero; K];
     let mut flat = [s.lt(zero, zero); K];
@@ -219,8 +222,10 @@ pub(crate) fn make_q3_lanes<S: Simd, const N: usize, const K: usize>(s: S, nmax:
             wx[k][i] = s.mul(w[k][i], x[i]);
             let l = iclamp(s, nearest_int(s, s.mul(iscale, x[i])), -nmax, nmax - 1);
             lf[k][i] = s.cvt(l);
-            sumlx[k] = s.add(sumlx[k], s.mul(wx[k][i], lf[k][i]));
-            suml2[k] = s.add(suml2[k], s.mul(s.mul(w[k][i], lf[k][i]), lf[k][i]));
+            wxl[k][i] = s.mul(wx[k][i], lf[k][i]);
+            wll[k][i] = s.mul(s.mul(w[k][i], lf[k][i]), lf[k][i]);
+            sumlx[k] = s.add(sumlx[k], wxl[k][i]);
+            suml2[k] = s.add(suml2[k], wll[k][i]);
         }
     }
     let mut active = flat;
@@ -242,16 +247,20 @@ pub(crate) fn make_q3_lanes<S: Simd, const N: usize, const K: usize>(s: S, nmax:
                     continue;
                 }
                 let li = lf[k][i];
-                let slx = s.sub(sumlx[k], s.mul(wx[k][i], li));
-                let sl2 = s.sub(suml2[k], s.mul(s.mul(w[k][i], li), li));
+                let slx = s.sub(sumlx[k], wxl[k][i]);
+                let sl2 = s.sub(suml2[k], wll[k][i]);
                 let new_l = iclamp(s, nearest_int(s, s.div(s.mul(x[k][i], sl2), slx)), -nmax, nmax - 1);
                 let nf = s.cvt(new_l);
-                let slx2 = s.add(slx, s.mul(wx[k][i], nf));
-                let sl22 = s.add(sl2, s.mul(s.mul(w[k][i], nf), nf));
-                let better =
-                    s.mand(s.gt(sl22, zero), s.gt(s.mul(s.mul(slx2, slx2), suml2[k]), s.mul(s.mul(sumlx[k], sumlx[k]), sl22)));
-                let upd = s.mand(s.mand(active[k], s.gt(slx, zero)), s.mandnot(better, s.eq(nf, li)));
+                let wxn = s.mul(wx[k][i], nf);
+                let wnn = s.mul(s.mul(w[k][i], nf), nf);
+                let slx2 = s.add(slx, wxn);
+                let sl22 = s.add(sl2, wnn);
+                // active && slx > 0 && new_l != L[i] && sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2
+                let upd = s.mne(s.mgt(active[k], slx, zero), nf, li);
+                let upd = s.mgt(s.mgt(upd, sl22, zero), s.mul(s.mul(slx2, slx2), suml2[k]), s.mul(s.mul(sumlx[k], sumlx[k]), sl22));
                 lf[k][i] = s.select(upd, nf, li);
+                wxl[k][i] = s.select(upd, wxn, wxl[k][i]);
+                wll[k][i] = s.select(upd, wnn, wll[k][i]);
                 sumlx[k] = s.select(upd, slx2, sumlx[k]);
                 suml2[k] = s.select(upd, sl22, suml2[k]);
                 changed[k] = s.mor(changed[k], upd);

@@ -82,8 +82,16 @@ fn blocks<S: Simd>(s: S, x: &[f32], qw: Option<(&[f32], usize)>, y: &mut [u8]) {
                 for (k, xk) in xs.iter_mut().enumerate() {
                     let (t, first) = ((c + k) / per, (c + k) % per * S::LANES);
                     if t < n {
+                        // Element i of sub-blocks first.. : rows = those sub-blocks'
+                        // values i0..i0 + LANES, transposed.
                         let xb = &x[QK_K * (b0 + t)..QK_K * (b0 + t + 1)];
-                        *xk = gather_subblocks::<S, 16>(s, &xb[16 * first..], &starts);
+                        for i0 in (0..16).step_by(S::LANES) {
+                            let rows = &mut xk[i0..i0 + S::LANES];
+                            for (j, r) in rows.iter_mut().enumerate() {
+                                *r = s.load(&xb[16 * (first + j) + i0..]);
+                            }
+                            s.transpose(rows);
+                        }
                     }
                 }
                 for (k, (scale, l)) in make_q3_lanes(s, 4, &xs).into_iter().enumerate() {

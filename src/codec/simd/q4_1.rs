@@ -12,7 +12,7 @@
 //! ([`super::q4_0`]); lane j runs `make_qkx3_quants` (37 trial scales, a minimum that moves
 //! with the best candidate) on block j, branches as masks, sums sequential within a lane.
 
-use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, min_i8, pieces, sums_of_squares, weights};
+use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, pieces, sums_of_squares, weights};
 use super::x86::{Simd, iclamp, nearest_int, simd_entry};
 use crate::codec::{q4_1, q5_0, q5_1};
 
@@ -109,9 +109,13 @@ fn min_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
             let (minv, idv, half_v) = (s.splat(lo[g]), s.splat(id[g]), s.splat(0.5));
             let mut q = [s.isplat(0); 4];
             for i in 0..n {
-                let t = s.cvtt(s.add(s.mul(s.sub(s.load(&xb[i * S::LANES..]), minv), idv), half_v));
-                // Q5_1 casts to uint8_t without a clamp; Q4_1 takes MIN(15, (int8_t)).
-                q[i] = if Q5 { s.iand(t, s.isplat(0xFF)) } else { min_i8(s, t, top) };
+                // Q5_1 casts to uint8_t without a clamp; Q4_1 takes MIN(15, (int8_t)). Only
+                // the low bits are kept, and in a finite group these are the same: x - min
+                // is >= 0 and at most max - min, whose product with id stays below 15.5
+                // when id is finite (d is then >= 2^-128, within 2^-21 of (max - min) / 15);
+                // an infinite id or product gives NaN or inf, 0x80000000 here, whose low
+                // byte 0 MIN leaves alone. So the levels are 0..=15 or that.
+                q[i] = s.cvtt(s.add(s.mul(s.sub(s.load(&xb[i * S::LANES..]), minv), idv), half_v));
             }
             if Q5 {
                 let mut qh = 0u32;

@@ -38,6 +38,14 @@ pub(crate) trait Simd: Copy {
     fn eq(self, a: Self::F, b: Self::F) -> Self::M;
     /// `a != b` (true when either is NaN).
     fn ne(self, a: Self::F, b: Self::F) -> Self::M;
+    /// `m & (a > b)` (one masked compare where the level has them).
+    fn mgt(self, m: Self::M, a: Self::F, b: Self::F) -> Self::M {
+        self.mand(m, self.gt(a, b))
+    }
+    /// `m & (a != b)`, as [`Simd::mgt`].
+    fn mne(self, m: Self::M, a: Self::F, b: Self::F) -> Self::M {
+        self.mand(m, self.ne(a, b))
+    }
     /// `m ? a : b` per lane.
     fn select(self, m: Self::M, a: Self::F, b: Self::F) -> Self::F;
     /// i32 -> f32 (`as f32`).
@@ -64,6 +72,9 @@ pub(crate) trait Simd: Copy {
     fn lane_mins(self, v: &[Self::F]) -> Self::F;
     /// Lane k = the largest lane of `v[k]`, as [`Simd::lane_mins`].
     fn lane_maxs(self, v: &[Self::F]) -> Self::F;
+    /// `v[..LANES]` as the rows of a square matrix, transposed in place (lane j of `v[i]`
+    /// becomes lane i of `v[j]`).
+    fn transpose(self, v: &mut [Self::F]);
     /// `table[idx & 7]` per lane.
     fn lut8(self, table: &[f32; 8], idx: Self::I) -> Self::F;
     /// `LANES` fp16 values (little-endian bytes `s[..2 * LANES]`) -> f32, exactly.
@@ -220,6 +231,7 @@ impl Simd for Avx2 {
         fn max(a: __m256, b: __m256) -> __m256 { _mm256_max_ps(a, b) }
         fn lane_mins(v: &[__m256]) -> __m256 { avx2_lane_fold::<false>(v) }
         fn lane_maxs(v: &[__m256]) -> __m256 { avx2_lane_fold::<true>(v) }
+        fn transpose(v: &mut [__m256]) -> () { avx2_transpose(v) }
         fn lut8(table: &[f32; 8], idx: __m256i) -> __m256 { _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), idx) }
         fn load_f16(s: &[u8]) -> __m256 { _mm256_cvtph_ps(_mm_loadu_si128(s[..16].as_ptr().cast())) }
         fn isplat(v: i32) -> __m256i { _mm256_set1_epi32(v) }
@@ -313,10 +325,13 @@ impl Simd for Avx512 {
         fn from_bits(a: __m512i) -> __m512 { _mm512_castsi512_ps(a) }
         fn reduce_min(a: __m512) -> f32 { _mm512_reduce_min_ps(a) }
         fn reduce_max(a: __m512) -> f32 { _mm512_reduce_max_ps(a) }
+        fn mgt(m: __mmask16, a: __m512, b: __m512) -> __mmask16 { _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(m, a, b) }
+        fn mne(m: __mmask16, a: __m512, b: __m512) -> __mmask16 { _mm512_mask_cmp_ps_mask::<_CMP_NEQ_UQ>(m, a, b) }
         fn min(a: __m512, b: __m512) -> __m512 { _mm512_min_ps(a, b) }
         fn max(a: __m512, b: __m512) -> __m512 { _mm512_max_ps(a, b) }
         fn lane_mins(v: &[__m512]) -> __m512 { avx512_lane_fold::<false>(v) }
         fn lane_maxs(v: &[__m512]) -> __m512 { avx512_lane_fold::<true>(v) }
+        fn transpose(v: &mut [__m512]) -> () { avx512_transpose(v) }
         fn lut8(table: &[f32; 8], idx: __m512i) -> __m512 {
             _mm512_permutexvar_ps(_mm512_and_si512(idx, _mm512_set1_epi32(7)), _mm512_castps256_ps512(_mm256_loadu_ps(table.as_ptr())))
         }
@@ -366,6 +381,75 @@ impl Simd for Avx512 {
     unsafe fn igather(self, base: &[i32], idx: __m512i) -> __m512i {
         // SAFETY: as for `gather`.
         unsafe { _mm512_i32gather_epi32::<4>(idx, base.as_ptr()) }
+    }
+}
+
+/// [`Simd::transpose`] for AVX2: pairs of rows interleaved, then pairs of pairs, then
+/// 128-bit halves exchanged.
+///
+/// # Safety
+/// AVX2 is available (the caller holds an [`Avx2`] token).
+#[inline(always)]
+unsafe fn avx2_transpose(v: &mut [__m256]) {
+    let v = &mut v[..8];
+    // SAFETY: the caller has AVX2; no memory is touched.
+    unsafe {
+        let mut t = [_mm256_setzero_ps(); 8];
+        for k in 0..4 {
+            t[2 * k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+            t[2 * k + 1] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+        }
+        let pd = _mm256_castps_pd;
+        let mut u = [_mm256_setzero_ps(); 8];
+        for k in 0..2 {
+            u[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+            u[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+        }
+        for m in 0..4 {
+            v[m] = _mm256_permute2f128_ps::<0x20>(u[m], u[4 + m]);
+            v[m + 4] = _mm256_permute2f128_ps::<0x31>(u[m], u[4 + m]);
+        }
+    }
+}
+
+/// [`Simd::transpose`] for AVX-512: as AVX2's within 128-bit chunks, then the chunks
+/// exchanged in two rounds.
+///
+/// # Safety
+/// AVX-512F is available (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn avx512_transpose(v: &mut [__m512]) {
+    let v = &mut v[..16];
+    // SAFETY: the caller has AVX-512F; no memory is touched.
+    unsafe {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for k in 0..8 {
+            t[2 * k] = _mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+        }
+        let pd = _mm512_castps_pd;
+        let mut u = [_mm512_setzero_ps(); 16];
+        for k in 0..4 {
+            u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+            u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+        }
+        let mut w = [_mm512_setzero_ps(); 16];
+        for m in 0..4 {
+            w[m] = _mm512_shuffle_f32x4::<0x88>(u[m], u[4 + m]);
+            w[4 + m] = _mm512_shuffle_f32x4::<0xDD>(u[m], u[4 + m]);
+            w[8 + m] = _mm512_shuffle_f32x4::<0x88>(u[8 + m], u[12 + m]);
+            w[12 + m] = _mm512_shuffle_f32x4::<0xDD>(u[8 + m], u[12 + m]);
+        }
+        for m in 0..4 {
+            v[m] = _mm512_shuffle_f32x4::<0x88>(w[m], w[8 + m]);
+            v[m + 8] = _mm512_shuffle_f32x4::<0xDD>(w[m], w[8 + m]);
+            v[m + 4] = _mm512_shuffle_f32x4::<0x88>(w[4 + m], w[12 + m]);
+            v[m + 12] = _mm512_shuffle_f32x4::<0xDD>(w[4 + m], w[12 + m]);
+        }
     }
 }
 
