@@ -503,7 +503,7 @@ unsafe fn avx512_lane_fold<const MAX: bool>(v: &[__m512]) -> __m512 {
         let mut r = [0i32; 16];
         let mut i = 0;
         while i < 16 {
-            r[i] = if (i / g) % 2 == 0 { (i + g) as i32 } else { (16 + i - g) as i32 };
+            r[i] = if (i / g).is_multiple_of(2) { (i + g) as i32 } else { (16 + i - g) as i32 };
             i += 1;
         }
         r
@@ -512,7 +512,7 @@ unsafe fn avx512_lane_fold<const MAX: bool>(v: &[__m512]) -> __m512 {
         let mut m = 0u16;
         let mut i = 0;
         while i < 16 {
-            if (i / g) % 2 == 1 {
+            if !(i / g).is_multiple_of(2) {
                 m |= 1 << i;
             }
             i += 1;
