@@ -186,68 +186,99 @@ pub(crate) fn block_sumsq<S: Simd>(s: S, x: &[f32]) -> Vec<f32> {
     out
 }
 
-/// `make_q3_quants::<N>(nmax, x, L, true)` for `LANES` sub-blocks at once (element i of
-/// every sub-block in `x[i]`): the refinement loop runs while any lane still changes, a
-/// lane that made no change in a round being done (the reference's `break`). Returns
-/// (scale, levels `0..2 * nmax`, or all 0 for a group below `GROUP_MAX_EPS`).
+/// `make_q3_quants::<N>(nmax, x, L, true)` for `K * LANES` sub-blocks at once (element i
+/// of vector k's sub-blocks in `x[k][i]`): the refinement loop runs while any lane still
+/// changes, a lane that made no change in a round being done (the reference's `break`).
+/// The `K` vectors are independent dependency chains (a lane's sums wait on its division),
+/// interleaved so that they overlap. Returns per vector (scale, levels `0..2 * nmax`, or
+/// all 0 for a group below `GROUP_MAX_EPS`).
 #[inline(always)]
-pub(crate) fn make_q3_lanes<S: Simd, const N: usize>(s: S, nmax: i32, x: &[S::F; N]) -> (S::F, [S::I; N]) {
+pub(crate) fn make_q3_lanes<S: Simd, const N: usize, const K: usize>(s: S, nmax: i32, x: &[[S::F; N]; K]) -> [(S::F, [S::I; N]); K] {
     let zero = s.splat(0.0);
-    let mut max = zero;
-    let mut amax = zero;
-    for v in x {
-        let ax = s.abs(*v);
-        let gt = s.gt(ax, amax);
-        amax = s.select(gt, ax, amax);
-        max = s.select(gt, *v, max);
+    let mut w = [[zero; N]; K];
+    let mut wx = [[zero; N]; K];
+    // The levels as f32 (small integers, exact), and the terms `w*x*l`, `w*l*l` of the
+    // sums at the current levels (the same products the reference recomputes).
+    let mut lf = [[zero; N]; K];
+    let mut wxl = [[zero; N]; K];
+    let mut wll = [[zero; N]; K];
+    let mut sumlx = [zero; K];
+    let mut suml2 = [zero; K];
+    let mut flat = [s.lt(zero, zero); K];
+    for k in 0..K {
+        let x = &x[k];
+        let mut max = zero;
+        let mut amax = zero;
+        for v in x {
+            let ax = s.abs(*v);
+            let gt = s.gt(ax, amax);
+            amax = s.select(gt, ax, amax);
+            max = s.select(gt, *v, max);
+        }
+        flat[k] = s.lt(amax, s.splat(GROUP_MAX_EPS));
+        let iscale = s.div(s.splat(-(nmax as f32)), max);
+        for i in 0..N {
+            w[k][i] = s.mul(x[i], x[i]);
+            wx[k][i] = s.mul(w[k][i], x[i]);
+            let l = iclamp(s, nearest_int(s, s.mul(iscale, x[i])), -nmax, nmax - 1);
+            lf[k][i] = s.cvt(l);
+            wxl[k][i] = s.mul(wx[k][i], lf[k][i]);
+            wll[k][i] = s.mul(s.mul(w[k][i], lf[k][i]), lf[k][i]);
+            sumlx[k] = s.add(sumlx[k], wxl[k][i]);
+            suml2[k] = s.add(suml2[k], wll[k][i]);
+        }
     }
-    let flat = s.lt(amax, s.splat(GROUP_MAX_EPS));
-    let iscale = s.div(s.splat(-(nmax as f32)), max);
-    let mut wx = [zero; N];
-    let mut w = [zero; N];
-    let mut l = [s.isplat(0); N];
-    let (mut sumlx, mut suml2) = (zero, zero);
-    for i in 0..N {
-        w[i] = s.mul(x[i], x[i]);
-        wx[i] = s.mul(w[i], x[i]);
-        l[i] = iclamp(s, nearest_int(s, s.mul(iscale, x[i])), -nmax, nmax - 1);
-        let lf = s.cvt(l[i]);
-        sumlx = s.add(sumlx, s.mul(wx[i], lf));
-        suml2 = s.add(suml2, s.mul(s.mul(w[i], lf), lf));
+    let mut active = flat;
+    for a in &mut active {
+        *a = s.mnot(*a);
     }
-    let mut active = s.mnot(flat);
     for _ in 0..5 {
-        if !s.any(active) {
+        let mut live = [false; K];
+        for k in 0..K {
+            live[k] = s.any(active[k]);
+        }
+        if !live.contains(&true) {
             break;
         }
-        let mut changed = s.lt(zero, zero);
+        let mut changed = [s.lt(zero, zero); K];
         for i in 0..N {
-            let li = s.cvt(l[i]);
-            let slx = s.sub(sumlx, s.mul(wx[i], li));
-            let sl2 = s.sub(suml2, s.mul(s.mul(w[i], li), li));
-            let new_l = iclamp(s, nearest_int(s, s.div(s.mul(x[i], sl2), slx)), -nmax, nmax - 1);
-            let nf = s.cvt(new_l);
-            let slx2 = s.add(slx, s.mul(wx[i], nf));
-            let sl22 = s.add(sl2, s.mul(s.mul(w[i], nf), nf));
-            let better = s.mand(s.gt(sl22, zero), s.gt(s.mul(s.mul(slx2, slx2), suml2), s.mul(s.mul(sumlx, sumlx), sl22)));
-            let upd = s.mand(s.mand(active, s.gt(slx, zero)), s.mandnot(better, s.ieq(new_l, l[i])));
-            // Mostly no lane changes: the branch keeps the sums' dependency chain off the
-            // common path (the scalar code's own `if` does that for it).
-            if !s.any(upd) {
-                continue;
+            for k in 0..K {
+                if !live[k] {
+                    continue;
+                }
+                let li = lf[k][i];
+                let slx = s.sub(sumlx[k], wxl[k][i]);
+                let sl2 = s.sub(suml2[k], wll[k][i]);
+                let new_l = iclamp(s, nearest_int(s, s.div(s.mul(x[k][i], sl2), slx)), -nmax, nmax - 1);
+                let nf = s.cvt(new_l);
+                let wxn = s.mul(wx[k][i], nf);
+                let wnn = s.mul(s.mul(w[k][i], nf), nf);
+                let slx2 = s.add(slx, wxn);
+                let sl22 = s.add(sl2, wnn);
+                // active && slx > 0 && new_l != L[i] && sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2
+                let upd = s.mne(s.mgt(active[k], slx, zero), nf, li);
+                let upd = s.mgt(s.mgt(upd, sl22, zero), s.mul(s.mul(slx2, slx2), suml2[k]), s.mul(s.mul(sumlx[k], sumlx[k]), sl22));
+                lf[k][i] = s.select(upd, nf, li);
+                wxl[k][i] = s.select(upd, wxn, wxl[k][i]);
+                wll[k][i] = s.select(upd, wnn, wll[k][i]);
+                sumlx[k] = s.select(upd, slx2, sumlx[k]);
+                suml2[k] = s.select(upd, sl22, suml2[k]);
+                changed[k] = s.mor(changed[k], upd);
             }
-            l[i] = s.iselect(upd, new_l, l[i]);
-            sumlx = s.select(upd, slx2, sumlx);
-            suml2 = s.select(upd, sl22, suml2);
-            changed = s.mor(changed, upd);
         }
-        active = s.mand(active, changed);
+        for k in 0..K {
+            active[k] = s.mand(active[k], changed[k]);
+        }
     }
     let nmaxi = s.isplat(nmax);
     let zi = s.isplat(0);
-    for li in &mut l {
-        *li = s.iselect(flat, zi, s.iadd(*li, nmaxi));
+    let mut out = [(zero, [zi; N]); K];
+    for (k, (scale, l)) in out.iter_mut().enumerate() {
+        for i in 0..N {
+            l[i] = s.iselect(flat[k], zi, s.iadd(s.cvtt(lf[k][i]), nmaxi));
+        }
+        let sc = s.select(s.gt(suml2[k], zero), s.div(sumlx[k], suml2[k]), zero);
+        *scale = s.select(flat[k], zero, sc);
     }
-    let scale = s.select(s.gt(suml2, zero), s.div(sumlx, suml2), zero);
-    (s.select(flat, zero, scale), l)
+    out
 }

@@ -3,7 +3,9 @@
 //! The scalar quantiser's time is the per-sub-block search: `make_q3_quants` with its
 //! refinement rounds on the reference path, `make_qx_quants(16, 4, ...)` on the
 //! importance path; lane j carries sub-block j through exactly that
-//! ([`super::kquants::make_q3_lanes`], [`super::kquants::make_qx_lanes`]). The importance
+//! ([`super::kquants::make_q3_lanes`], [`super::kquants::make_qx_lanes`]); the reference
+//! path's searches run several vectors of sub-blocks (of up to four blocks) interleaved,
+//! since a lane's refinement is one long dependency chain. The importance
 //! path's search over the sixteen scales of a block (`make_qx_quants(16, 32, ...)`) runs
 //! with lane = block, `LANES` blocks at a time; the reference path's scale quantisation is
 //! the scalar code; the requantisation and the packing run with lanes = consecutive
@@ -15,6 +17,10 @@ use crate::codec::f32_to_fp16;
 use crate::codec::fp16_to_f32;
 use crate::codec::kquants::QK_K;
 use crate::codec::q3_k::{BYTES, get_scale, put_scale, ref_scales};
+
+/// Independent sub-block vectors per [`make_q3_lanes`] call on the reference path: enough
+/// dependency chains to cover a chain's latency (a division and the sums after it).
+const Q3_CHAINS: usize = 4;
 
 /// `q3_k::finish` (requantisation, hmask and qs) from the search's levels `lt[i][j]`
 /// (level i of sub-block j), kept where a sub-block's scale is 0.
@@ -66,28 +72,61 @@ fn blocks<S: Simd>(s: S, x: &[f32], qw: Option<(&[f32], usize)>, y: &mut [u8]) {
         let mut scales = [[0.0f32; 16]; 16];
         let mut sw = [[0.0f32; 16]; 16];
         let mut lts = [[[0i32; 16]; 16]; 16];
+        if qw.is_none() {
+            // The reference path: the sub-block searches of the whole group, `Q3_CHAINS`
+            // vectors (of `LANES` sub-blocks) per call; vector v is sub-blocks
+            // `(v % per) * LANES..` of block `v / per` (zeros past the last block: flat).
+            let per = 16 / S::LANES;
+            for c in (0..n * per).step_by(Q3_CHAINS) {
+                let mut xs = [[s.splat(0.0); 16]; Q3_CHAINS];
+                for (k, xk) in xs.iter_mut().enumerate() {
+                    let (t, first) = ((c + k) / per, (c + k) % per * S::LANES);
+                    if t < n {
+                        // Element i of sub-blocks first.. : rows = those sub-blocks'
+                        // values i0..i0 + LANES, transposed.
+                        let xb = &x[QK_K * (b0 + t)..QK_K * (b0 + t + 1)];
+                        for i0 in (0..16).step_by(S::LANES) {
+                            let rows = &mut xk[i0..i0 + S::LANES];
+                            for (j, r) in rows.iter_mut().enumerate() {
+                                *r = s.load(&xb[16 * (first + j) + i0..]);
+                            }
+                            s.transpose(rows);
+                        }
+                    }
+                }
+                for (k, (scale, l)) in make_q3_lanes(s, 4, &xs).into_iter().enumerate() {
+                    let (t, first) = ((c + k) / per, (c + k) % per * S::LANES);
+                    if t < n {
+                        let mut sc = [0.0f32; 16];
+                        s.store(scale, &mut sc);
+                        for j in 0..S::LANES {
+                            scales[first + j][t] = sc[j];
+                        }
+                        for (i, li) in l.iter().enumerate() {
+                            s.istore(*li, &mut lts[t][i][first..]);
+                        }
+                    }
+                }
+            }
+        }
         for t in 0..n {
+            let Some((q, bpr)) = qw else { break };
             let b = b0 + t;
             let xb = &x[QK_K * b..QK_K * (b + 1)];
             let mut sc = [0.0f32; 16];
             let mut swb = [0.0f32; 16];
             for first in (0..16).step_by(S::LANES) {
                 let xs = gather_subblocks::<S, 16>(s, &xb[16 * first..], &starts);
-                let (scale, l) = match qw {
-                    None => make_q3_lanes(s, 4, &xs),
-                    Some((q, bpr)) => {
-                        let qws = gather_subblocks::<S, 16>(s, &q[QK_K * (b % bpr) + 16 * first..QK_K * (b % bpr + 1)], &starts);
-                        let sigma2 = s.splat(2.0 * sumsq[b] / QK_K as f32);
-                        let mut ws = qws;
-                        let mut sumw = s.splat(0.0);
-                        for (w, v) in ws.iter_mut().zip(&xs) {
-                            *w = s.mul(*w, s.sqrt(s.add(sigma2, s.mul(*v, *v))));
-                            sumw = s.add(sumw, *w);
-                        }
-                        s.store(sumw, &mut swb[first..]);
-                        make_qx_lanes(s, 4, &xs, &ws)
-                    }
-                };
+                let qws = gather_subblocks::<S, 16>(s, &q[QK_K * (b % bpr) + 16 * first..QK_K * (b % bpr + 1)], &starts);
+                let sigma2 = s.splat(2.0 * sumsq[b] / QK_K as f32);
+                let mut ws = qws;
+                let mut sumw = s.splat(0.0);
+                for (w, v) in ws.iter_mut().zip(&xs) {
+                    *w = s.mul(*w, s.sqrt(s.add(sigma2, s.mul(*v, *v))));
+                    sumw = s.add(sumw, *w);
+                }
+                s.store(sumw, &mut swb[first..]);
+                let (scale, l) = make_qx_lanes(s, 4, &xs, &ws);
                 s.store(scale, &mut sc[first..]);
                 for (i, li) in l.iter().enumerate() {
                     s.istore(*li, &mut lts[t][i][first..]);

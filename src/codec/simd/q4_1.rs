@@ -1,16 +1,18 @@
 //! Q4_1 and Q5_1 quantisation (the min-max types).
 //!
-//! Reference path (`quantize_row_q{4,5}_1_ref`): lanes = the values of one block. The
-//! minimum and maximum are order-free once the block is finite (a block holding NaN or an
-//! infinity goes to the scalar code, whose `FLT_MAX`-seeded scan differs there), and the
-//! values the scalar scan keeps are those at the first index holding them (which decides
-//! the sign of a zero minimum, and so of `m`); the rest is per value.
+//! Reference path (`quantize_row_q{4,5}_1_ref`): lanes = the values of one block, `LANES`
+//! blocks at a time, whose horizontal minima and maxima are reduced together (one
+//! transposing butterfly, [`Simd::lane_mins`]). The minimum and maximum are order-free
+//! once the values are finite (a group of blocks holding NaN or an infinity goes to the
+//! scalar code, whose `FLT_MAX`-seeded scan differs there), and the values the scalar scan
+//! keeps are those at the first index holding them (which decides the sign of a zero
+//! minimum, and so of `m`); the rest is per value.
 //!
 //! Importance path (`quantize_row_q{4,5}_1_impl`): lanes = blocks, as for Q4_0
 //! ([`super::q4_0`]); lane j runs `make_qkx3_quants` (37 trial scales, a minimum that moves
 //! with the best candidate) on block j, branches as masks, sums sequential within a lane.
 
-use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, min_i8, pieces, sums_of_squares, weights};
+use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, pieces, sums_of_squares, weights};
 use super::x86::{Simd, iclamp, nearest_int, simd_entry};
 use crate::codec::{q4_1, q5_0, q5_1};
 
@@ -25,8 +27,10 @@ fn first_eq<S: Simd>(s: S, v: &[S::F], t: f32) -> usize {
     bits.trailing_zeros() as usize
 }
 
-/// `LANES` blocks at a time, as the Q4_0 reference path: per block the vector work and
-/// the reductions, then the scales of all of them in lanes, then per block the levels.
+/// `LANES` blocks at a time: per block the lane-wise minimum and maximum of its vectors,
+/// then all the blocks' horizontal reductions in one transposing butterfly
+/// ([`Simd::lane_mins`]), then the scales of all of them in lanes, then per block the
+/// levels. A group holding a value that is not finite goes to the scalar code.
 #[inline(always)]
 fn min_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     let (bytes, top): (usize, i32) = if Q5 { (q5_1::BYTES, 31) } else { (q4_1::BYTES, 15) };
@@ -34,38 +38,64 @@ fn min_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     let half = n / 2;
     let all = if S::LANES == 32 { u32::MAX } else { (1u32 << S::LANES) - 1 };
     for (xg, yg) in src.chunks(S::LANES * BLOCK).zip(dst.chunks_mut(S::LANES * bytes)) {
+        let nblk = xg.len() / BLOCK;
+        let mut a = [s.splat(0.0); 16];
+        let mut b = [s.splat(0.0); 16];
+        // The sum of everything: not finite if any value is not (an overflow of finite
+        // values only sends the group to the scalar code too).
+        let mut acc = [s.splat(0.0); 4];
+        for (g, xb) in xg.chunks_exact(BLOCK).enumerate() {
+            let v0 = s.load(xb);
+            let (mut mn, mut mx) = (v0, v0);
+            acc[0] = s.add(acc[0], v0);
+            for i in 1..n {
+                let vi = s.load(&xb[i * S::LANES..]);
+                mn = s.min(vi, mn);
+                mx = s.max(vi, mx);
+                acc[i] = s.add(acc[i], vi);
+            }
+            a[g] = mn;
+            b[g] = mx;
+        }
+        for acc_i in 1..n {
+            acc[0] = s.add(acc[0], acc[acc_i]);
+        }
+        if s.mbits(s.le(s.abs(acc[0]), s.splat(f32::MAX))) != all {
+            if Q5 {
+                q5_1::quantize_row_ref(xg, yg)
+            } else {
+                q4_1::quantize_row_ref(xg, yg)
+            }
+            continue;
+        }
+        for g in nblk..S::LANES {
+            a[g] = a[0];
+            b[g] = b[0];
+        }
         let mut lo = [0.0f32; 16];
         let mut hi = [0.0f32; 16];
-        let mut bad = 0u32;
-        for (g, xb) in xg.chunks_exact(BLOCK).enumerate() {
+        let (lv, hv) = (s.lane_mins(&a), s.lane_maxs(&b));
+        s.store(lv, &mut lo);
+        s.store(hv, &mut hi);
+        // Equal values found anywhere are the same bits, but for zeros: there the scan
+        // keeps the first zero's sign.
+        let zero = s.splat(0.0);
+        let mut zeros = s.mbits(s.mor(s.eq(lv, zero), s.eq(hv, zero))) & ((1u32 << nblk) - 1);
+        while zeros != 0 {
+            let g = zeros.trailing_zeros() as usize;
+            zeros &= zeros - 1;
+            let xb = &xg[g * BLOCK..(g + 1) * BLOCK];
             let mut v = [s.splat(0.0); 4];
-            let mut finite = true;
             for (i, vi) in v[..n].iter_mut().enumerate() {
                 *vi = s.load(&xb[i * S::LANES..]);
-                finite &= s.mbits(s.le(s.abs(*vi), s.splat(f32::MAX))) == all;
             }
-            if !finite {
-                bad |= 1 << g;
-                continue;
+            if lo[g] == 0.0 {
+                lo[g] = xb[first_eq(s, &v[..n], 0.0)];
             }
-            let (mut a, mut b) = (v[0], v[0]);
-            for vi in &v[1..n] {
-                a = s.select(s.lt(*vi, a), *vi, a);
-                b = s.select(s.gt(*vi, b), *vi, b);
+            if hi[g] == 0.0 {
+                hi[g] = xb[first_eq(s, &v[..n], 0.0)];
             }
-            // Equal values found anywhere are the same bits, but for zeros: there the scan
-            // keeps the first zero's sign.
-            let (mut l, mut h) = (s.reduce_min(a), s.reduce_max(b));
-            if l == 0.0 {
-                l = xb[first_eq(s, &v[..n], l)];
-            }
-            if h == 0.0 {
-                h = xb[first_eq(s, &v[..n], h)];
-            }
-            lo[g] = l;
-            hi[g] = h;
         }
-        let zero = s.splat(0.0);
         let lov = s.load(&lo);
         let d = s.div(s.sub(s.load(&hi), lov), s.splat(top as f32));
         let mut id = [0.0f32; 16];
@@ -74,22 +104,18 @@ fn min_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
         s.store_low_u16(fp16_lanes(s, d), &mut dh);
         s.store_low_u16(fp16_lanes(s, lov), &mut mh);
         for (g, (xb, yb)) in xg.chunks_exact(BLOCK).zip(yg.chunks_exact_mut(bytes)).enumerate() {
-            if bad & (1 << g) != 0 {
-                if Q5 {
-                    q5_1::quantize_row_ref(xb, yb)
-                } else {
-                    q4_1::quantize_row_ref(xb, yb)
-                }
-                continue;
-            }
             yb[..2].copy_from_slice(&dh[g].to_le_bytes());
             yb[2..4].copy_from_slice(&mh[g].to_le_bytes());
             let (minv, idv, half_v) = (s.splat(lo[g]), s.splat(id[g]), s.splat(0.5));
             let mut q = [s.isplat(0); 4];
             for i in 0..n {
-                let t = s.cvtt(s.add(s.mul(s.sub(s.load(&xb[i * S::LANES..]), minv), idv), half_v));
-                // Q5_1 casts to uint8_t without a clamp; Q4_1 takes MIN(15, (int8_t)).
-                q[i] = if Q5 { s.iand(t, s.isplat(0xFF)) } else { min_i8(s, t, top) };
+                // Q5_1 casts to uint8_t without a clamp; Q4_1 takes MIN(15, (int8_t)). Only
+                // the low bits are kept, and in a finite group these are the same: x - min
+                // is >= 0 and at most max - min, whose product with id stays below 15.5
+                // when id is finite (d is then >= 2^-128, within 2^-21 of (max - min) / 15);
+                // an infinite id or product gives NaN or inf, 0x80000000 here, whose low
+                // byte 0 MIN leaves alone. So the levels are 0..=15 or that.
+                q[i] = s.cvtt(s.add(s.mul(s.sub(s.load(&xb[i * S::LANES..]), minv), idv), half_v));
             }
             if Q5 {
                 let mut qh = 0u32;

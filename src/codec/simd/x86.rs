@@ -38,6 +38,14 @@ pub(crate) trait Simd: Copy {
     fn eq(self, a: Self::F, b: Self::F) -> Self::M;
     /// `a != b` (true when either is NaN).
     fn ne(self, a: Self::F, b: Self::F) -> Self::M;
+    /// `m & (a > b)` (one masked compare where the level has them).
+    fn mgt(self, m: Self::M, a: Self::F, b: Self::F) -> Self::M {
+        self.mand(m, self.gt(a, b))
+    }
+    /// `m & (a != b)`, as [`Simd::mgt`].
+    fn mne(self, m: Self::M, a: Self::F, b: Self::F) -> Self::M {
+        self.mand(m, self.ne(a, b))
+    }
     /// `m ? a : b` per lane.
     fn select(self, m: Self::M, a: Self::F, b: Self::F) -> Self::F;
     /// i32 -> f32 (`as f32`).
@@ -53,6 +61,20 @@ pub(crate) trait Simd: Copy {
     fn reduce_min(self, a: Self::F) -> f32;
     /// The largest lane (inputs without NaN).
     fn reduce_max(self, a: Self::F) -> f32;
+    /// `if a < b { a } else { b }` per lane (`minps`: `b` when equal or either is NaN), the
+    /// same as `select(lt(a, b), a, b)` in one instruction.
+    fn min(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `if a > b { a } else { b }` per lane (`maxps`), as [`Simd::min`].
+    fn max(self, a: Self::F, b: Self::F) -> Self::F;
+    /// Lane k = the smallest lane of `v[k]`, for the `LANES` vectors `v[..LANES]` at once
+    /// (a transposing butterfly: `LANES - 1` shuffles, not `log2(LANES)` per vector).
+    /// Inputs without NaN; which of two equal zeros a lane keeps is unspecified.
+    fn lane_mins(self, v: &[Self::F]) -> Self::F;
+    /// Lane k = the largest lane of `v[k]`, as [`Simd::lane_mins`].
+    fn lane_maxs(self, v: &[Self::F]) -> Self::F;
+    /// `v[..LANES]` as the rows of a square matrix, transposed in place (lane j of `v[i]`
+    /// becomes lane i of `v[j]`).
+    fn transpose(self, v: &mut [Self::F]);
     /// `table[idx & 7]` per lane.
     fn lut8(self, table: &[f32; 8], idx: Self::I) -> Self::F;
     /// `LANES` fp16 values (little-endian bytes `s[..2 * LANES]`) -> f32, exactly.
@@ -205,6 +227,11 @@ impl Simd for Avx2 {
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)))
         } }
+        fn min(a: __m256, b: __m256) -> __m256 { _mm256_min_ps(a, b) }
+        fn max(a: __m256, b: __m256) -> __m256 { _mm256_max_ps(a, b) }
+        fn lane_mins(v: &[__m256]) -> __m256 { avx2_lane_fold::<false>(v) }
+        fn lane_maxs(v: &[__m256]) -> __m256 { avx2_lane_fold::<true>(v) }
+        fn transpose(v: &mut [__m256]) -> () { avx2_transpose(v) }
         fn lut8(table: &[f32; 8], idx: __m256i) -> __m256 { _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), idx) }
         fn load_f16(s: &[u8]) -> __m256 { _mm256_cvtph_ps(_mm_loadu_si128(s[..16].as_ptr().cast())) }
         fn isplat(v: i32) -> __m256i { _mm256_set1_epi32(v) }
@@ -298,6 +325,13 @@ impl Simd for Avx512 {
         fn from_bits(a: __m512i) -> __m512 { _mm512_castsi512_ps(a) }
         fn reduce_min(a: __m512) -> f32 { _mm512_reduce_min_ps(a) }
         fn reduce_max(a: __m512) -> f32 { _mm512_reduce_max_ps(a) }
+        fn mgt(m: __mmask16, a: __m512, b: __m512) -> __mmask16 { _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(m, a, b) }
+        fn mne(m: __mmask16, a: __m512, b: __m512) -> __mmask16 { _mm512_mask_cmp_ps_mask::<_CMP_NEQ_UQ>(m, a, b) }
+        fn min(a: __m512, b: __m512) -> __m512 { _mm512_min_ps(a, b) }
+        fn max(a: __m512, b: __m512) -> __m512 { _mm512_max_ps(a, b) }
+        fn lane_mins(v: &[__m512]) -> __m512 { avx512_lane_fold::<false>(v) }
+        fn lane_maxs(v: &[__m512]) -> __m512 { avx512_lane_fold::<true>(v) }
+        fn transpose(v: &mut [__m512]) -> () { avx512_transpose(v) }
         fn lut8(table: &[f32; 8], idx: __m512i) -> __m512 {
             _mm512_permutexvar_ps(_mm512_and_si512(idx, _mm512_set1_epi32(7)), _mm512_castps256_ps512(_mm256_loadu_ps(table.as_ptr())))
         }
@@ -347,6 +381,168 @@ impl Simd for Avx512 {
     unsafe fn igather(self, base: &[i32], idx: __m512i) -> __m512i {
         // SAFETY: as for `gather`.
         unsafe { _mm512_i32gather_epi32::<4>(idx, base.as_ptr()) }
+    }
+}
+
+/// [`Simd::transpose`] for AVX2: pairs of rows interleaved, then pairs of pairs, then
+/// 128-bit halves exchanged.
+///
+/// # Safety
+/// AVX2 is available (the caller holds an [`Avx2`] token).
+#[inline(always)]
+unsafe fn avx2_transpose(v: &mut [__m256]) {
+    let v = &mut v[..8];
+    // SAFETY: the caller has AVX2; no memory is touched.
+    unsafe {
+        let mut t = [_mm256_setzero_ps(); 8];
+        for k in 0..4 {
+            t[2 * k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+            t[2 * k + 1] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+        }
+        let pd = _mm256_castps_pd;
+        let mut u = [_mm256_setzero_ps(); 8];
+        for k in 0..2 {
+            u[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+            u[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+        }
+        for m in 0..4 {
+            v[m] = _mm256_permute2f128_ps::<0x20>(u[m], u[4 + m]);
+            v[m + 4] = _mm256_permute2f128_ps::<0x31>(u[m], u[4 + m]);
+        }
+    }
+}
+
+/// [`Simd::transpose`] for AVX-512: as AVX2's within 128-bit chunks, then the chunks
+/// exchanged in two rounds.
+///
+/// # Safety
+/// AVX-512F is available (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn avx512_transpose(v: &mut [__m512]) {
+    let v = &mut v[..16];
+    // SAFETY: the caller has AVX-512F; no memory is touched.
+    unsafe {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for k in 0..8 {
+            t[2 * k] = _mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+        }
+        let pd = _mm512_castps_pd;
+        let mut u = [_mm512_setzero_ps(); 16];
+        for k in 0..4 {
+            u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * k]), pd(t[4 * k + 2])));
+            u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+            u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * k + 1]), pd(t[4 * k + 3])));
+        }
+        let mut w = [_mm512_setzero_ps(); 16];
+        for m in 0..4 {
+            w[m] = _mm512_shuffle_f32x4::<0x88>(u[m], u[4 + m]);
+            w[4 + m] = _mm512_shuffle_f32x4::<0xDD>(u[m], u[4 + m]);
+            w[8 + m] = _mm512_shuffle_f32x4::<0x88>(u[8 + m], u[12 + m]);
+            w[12 + m] = _mm512_shuffle_f32x4::<0xDD>(u[8 + m], u[12 + m]);
+        }
+        for m in 0..4 {
+            v[m] = _mm512_shuffle_f32x4::<0x88>(w[m], w[8 + m]);
+            v[m + 8] = _mm512_shuffle_f32x4::<0xDD>(w[m], w[8 + m]);
+            v[m + 4] = _mm512_shuffle_f32x4::<0x88>(w[4 + m], w[12 + m]);
+            v[m + 12] = _mm512_shuffle_f32x4::<0xDD>(w[4 + m], w[12 + m]);
+        }
+    }
+}
+
+/// [`Simd::lane_mins`] / [`Simd::lane_maxs`] for AVX2 (`MAX`: maxima): three rounds of
+/// pairing, each halving the vectors: lanes `[a's reduced half, b's reduced half]`. The
+/// rounds leave vector `ORDER[k]`'s result in lane k, so the inputs go in that order.
+/// (No closures here: a closure is not compiled with the caller's target features.)
+///
+/// # Safety
+/// AVX2 is available (the caller holds an [`Avx2`] token).
+#[inline(always)]
+unsafe fn avx2_lane_fold<const MAX: bool>(v: &[__m256]) -> __m256 {
+    const ORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+    let v = &v[..8];
+    // SAFETY: the caller has AVX2; no memory is touched.
+    unsafe {
+        #[inline(always)]
+        unsafe fn op<const MAX: bool>(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: as the caller's.
+            unsafe { if MAX { _mm256_max_ps(a, b) } else { _mm256_min_ps(a, b) } }
+        }
+        // Halves of 128 bits: [a.lo, b.hi] against [a.hi, b.lo].
+        let mut r4 = [_mm256_setzero_ps(); 4];
+        for (p, r) in r4.iter_mut().enumerate() {
+            let (a, b) = (v[ORDER[2 * p]], v[ORDER[2 * p + 1]]);
+            *r = op::<MAX>(_mm256_blend_ps::<0xF0>(a, b), _mm256_permute2f128_ps::<0x21>(a, b));
+        }
+        // Pairs within 128 bits: [a0 a1 b2 b3] against [a2 a3 b0 b1].
+        let mut r2 = [_mm256_setzero_ps(); 2];
+        for (p, r) in r2.iter_mut().enumerate() {
+            let (a, b) = (r4[2 * p], r4[2 * p + 1]);
+            *r = op::<MAX>(_mm256_blend_ps::<0b1100_1100>(a, b), _mm256_shuffle_ps::<0b01_00_11_10>(a, b));
+        }
+        // Neighbours: [a0 a2 b0 b2] against [a1 a3 b1 b3].
+        let (a, b) = (r2[0], r2[1]);
+        op::<MAX>(_mm256_shuffle_ps::<0b10_00_10_00>(a, b), _mm256_shuffle_ps::<0b11_01_11_01>(a, b))
+    }
+}
+
+/// [`Simd::lane_mins`] / [`Simd::lane_maxs`] for AVX-512: four rounds of pairing at 8, 4,
+/// 2 and 1 lanes; in each, groups of `g` lanes alternate between a and b, each group
+/// combined with its partner group (a's next, b's previous) by one blend and one
+/// two-source permute. The rounds leave vector `ORDER[k]`'s result in lane k.
+///
+/// # Safety
+/// AVX-512F is available (the caller holds an [`Avx512`] token).
+#[inline(always)]
+unsafe fn avx512_lane_fold<const MAX: bool>(v: &[__m512]) -> __m512 {
+    const ORDER: [usize; 16] = [0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15];
+    const fn idx(g: usize) -> [i32; 16] {
+        let mut r = [0i32; 16];
+        let mut i = 0;
+        while i < 16 {
+            r[i] = if (i / g).is_multiple_of(2) { (i + g) as i32 } else { (16 + i - g) as i32 };
+            i += 1;
+        }
+        r
+    }
+    const fn odd(g: usize) -> u16 {
+        let mut m = 0u16;
+        let mut i = 0;
+        while i < 16 {
+            if !(i / g).is_multiple_of(2) {
+                m |= 1 << i;
+            }
+            i += 1;
+        }
+        m
+    }
+    const IDX: [[i32; 16]; 4] = [idx(8), idx(4), idx(2), idx(1)];
+    const ODD: [u16; 4] = [odd(8), odd(4), odd(2), odd(1)];
+    #[inline(always)]
+    unsafe fn pair<const MAX: bool>(round: usize, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the caller has AVX-512F; the index load reads one whole constant array.
+        unsafe {
+            let i = _mm512_loadu_si512(IDX[round].as_ptr().cast());
+            let (x, y) = (_mm512_mask_blend_ps(ODD[round], a, b), _mm512_permutex2var_ps(a, i, b));
+            if MAX { _mm512_max_ps(x, y) } else { _mm512_min_ps(x, y) }
+        }
+    }
+    let v = &v[..16];
+    // SAFETY: the caller has AVX-512F.
+    unsafe {
+        let mut r8 = [_mm512_setzero_ps(); 8];
+        for (p, r) in r8.iter_mut().enumerate() {
+            *r = pair::<MAX>(0, v[ORDER[2 * p]], v[ORDER[2 * p + 1]]);
+        }
+        let mut r4 = [_mm512_setzero_ps(); 4];
+        for (p, r) in r4.iter_mut().enumerate() {
+            *r = pair::<MAX>(1, r8[2 * p], r8[2 * p + 1]);
+        }
+        let r2 = [pair::<MAX>(2, r4[0], r4[1]), pair::<MAX>(2, r4[2], r4[3])];
+        pair::<MAX>(3, r2[0], r2[1])
     }
 }
 
