@@ -152,13 +152,7 @@ fn signed_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     let half = n / 2;
     let top = 2 * nmax - 1;
     for (gi, (xg, yg)) in src.chunks(S::LANES * BLOCK).zip(dst.chunks_mut(S::LANES * bytes)).enumerate() {
-        // The work per byte is small enough that the loads wait on memory: ask for the group
-        // after next while this one is computed (a hint; it reads nothing).
-        let ahead = &src[((gi + 2) * S::LANES * BLOCK).min(src.len())..];
-        for line in ahead.chunks(16).take(S::LANES * BLOCK / 16) {
-            // SAFETY: a prefetch hint of an address inside `src`; it cannot fault.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
-        }
+        prefetch_group(s, src, gi + 2);
         let nblk = xg.len() / BLOCK;
         let mut max = [0.0f32; 16];
         let mut nan = 0u32;
@@ -326,6 +320,18 @@ fn signed_max_impl<S: Simd, const Q5: bool>(s: S, src: &[f32], n_per_row: usize,
                 }
             }
         }
+    }
+}
+
+/// The reference paths do so little per byte that their loads wait on memory: ask for group
+/// `g` (of `LANES` blocks of `src`) ahead of its use, one hint per cache line (a hint reads
+/// nothing and cannot fault).
+#[inline(always)]
+pub(super) fn prefetch_group<S: Simd>(_s: S, src: &[f32], g: usize) {
+    let ahead = &src[(g * S::LANES * BLOCK).min(src.len())..];
+    for line in ahead.chunks(16).take(S::LANES * BLOCK / 16) {
+        // SAFETY: a prefetch hint of an address inside `src`.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
     }
 }
 

@@ -12,7 +12,7 @@
 //! ([`super::q4_0`]); lane j runs `make_qkx3_quants` (37 trial scales, a minimum that moves
 //! with the best candidate) on block j, branches as masks, sums sequential within a lane.
 
-use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, pieces, sums_of_squares, weights};
+use super::q4_0::{BLOCK, block_bases, fp16, fp16_lanes, gather32, pieces, prefetch_group, sums_of_squares, weights};
 use super::x86::{Simd, iclamp, nearest_int, simd_entry};
 use crate::codec::{q4_1, q5_0, q5_1};
 
@@ -37,7 +37,8 @@ fn min_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     let n = BLOCK / S::LANES;
     let half = n / 2;
     let all = if S::LANES == 32 { u32::MAX } else { (1u32 << S::LANES) - 1 };
-    for (xg, yg) in src.chunks(S::LANES * BLOCK).zip(dst.chunks_mut(S::LANES * bytes)) {
+    for (gi, (xg, yg)) in src.chunks(S::LANES * BLOCK).zip(dst.chunks_mut(S::LANES * bytes)).enumerate() {
+        prefetch_group(s, src, gi + 2);
         let nblk = xg.len() / BLOCK;
         let mut a = [s.splat(0.0); 16];
         let mut b = [s.splat(0.0); 16];
