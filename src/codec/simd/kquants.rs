@@ -106,20 +106,28 @@ pub(crate) fn make_qkx_lanes<S: Simd, const N: usize>(
     (s.select(flat, zero, scale), s.neg(s.select(flat, min0, min)), l)
 }
 
-/// `make_qx_quants::<N>(nmax, x, L, 1, w)` for `LANES` sub-blocks at once (element i of
-/// every sub-block in `x[i]`, its weight in `w[i]`). Returns (scale, levels `0..2 * nmax`).
+/// Per lane, the largest `|x[i]|` and the signed value holding it, the first one on ties
+/// (the scalar scan's `if (ax > amax) { amax = ax; max = x; }` from zero).
 #[inline(always)]
-pub(crate) fn make_qx_lanes<S: Simd, const N: usize>(s: S, nmax: i32, x: &[S::F; N], w: &[S::F; N]) -> (S::F, [S::I; N]) {
+pub(crate) fn signed_amax<S: Simd>(s: S, x: &[S::F]) -> (S::F, S::F) {
     let zero = s.splat(0.0);
-    let nmaxi = s.isplat(nmax);
-    let mut max = zero;
-    let mut amax = zero;
+    let (mut amax, mut max) = (zero, zero);
     for v in x {
         let ax = s.abs(*v);
         let gt = s.gt(ax, amax);
         amax = s.select(gt, ax, amax);
         max = s.select(gt, *v, max);
     }
+    (amax, max)
+}
+
+/// `make_qx_quants::<N>(nmax, x, L, 1, w)` for `LANES` sub-blocks at once (element i of
+/// every sub-block in `x[i]`, its weight in `w[i]`). Returns (scale, levels `0..2 * nmax`).
+#[inline(always)]
+pub(crate) fn make_qx_lanes<S: Simd, const N: usize>(s: S, nmax: i32, x: &[S::F; N], w: &[S::F; N]) -> (S::F, [S::I; N]) {
+    let zero = s.splat(0.0);
+    let nmaxi = s.isplat(nmax);
+    let (amax, max) = signed_amax(s, x);
     let flat = s.lt(amax, s.splat(GROUP_MAX_EPS));
     let mut wx = [zero; N];
     for i in 0..N {
@@ -207,14 +215,7 @@ pub(crate) fn make_q3_lanes<S: Simd, const N: usize, const K: usize>(s: S, nmax:
     let mut flat = [s.lt(zero, zero); K];
     for k in 0..K {
         let x = &x[k];
-        let mut max = zero;
-        let mut amax = zero;
-        for v in x {
-            let ax = s.abs(*v);
-            let gt = s.gt(ax, amax);
-            amax = s.select(gt, ax, amax);
-            max = s.select(gt, *v, max);
-        }
+        let (amax, max) = signed_amax(s, x);
         flat[k] = s.lt(amax, s.splat(GROUP_MAX_EPS));
         let iscale = s.div(s.splat(-(nmax as f32)), max);
         for i in 0..N {

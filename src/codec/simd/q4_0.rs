@@ -9,12 +9,12 @@
 //!
 //! Importance path (`quantize_row_q{4,5}_0_impl`): lanes = blocks, any blocks of the input
 //! (rows end on block boundaries; each lane carries its row's `sigma2`, computed with lanes
-//! = rows, and its column's importance). Lane j runs `make_qx_quants` on block j: the scan,
-//! the first pass and the 18 trial scales with their sequential sums, `if` branches as
-//! masks.
+//! = rows, and its column's importance). Lane j runs `make_qx_quants` on block j
+//! ([`super::kquants::make_qx_lanes`], shared with the k-quants' sub-blocks): the scan, the
+//! first pass and the 18 trial scales with their sequential sums, `if` branches as masks.
 
-use super::x86::{Simd, iclamp, nearest_int, simd_entry};
-use crate::codec::q2_k::GROUP_MAX_EPS;
+use super::kquants::make_qx_lanes;
+use super::x86::{Simd, simd_entry};
 use crate::codec::{f32_to_fp16, q4_0, q5_0};
 
 pub(crate) const BLOCK: usize = 32;
@@ -224,67 +224,6 @@ fn signed_max_ref<S: Simd, const Q5: bool>(s: S, src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// `make_qx_quants(32, nmax, x, L, 1, w)` for `LANES` blocks at once (element k of every
-/// block in `x[k]`). Returns the scales and the levels `L` (0..2 * nmax).
-#[inline(always)]
-fn make_qx_lanes<S: Simd>(s: S, nmax: i32, x: &[S::F; 32], w: &[S::F; 32]) -> (S::F, [S::I; 32]) {
-    let zero = s.splat(0.0);
-    let mut amax = zero;
-    let mut max = zero;
-    for xk in x {
-        let ax = s.abs(*xk);
-        let m = s.gt(ax, amax);
-        amax = s.select(m, ax, amax);
-        max = s.select(m, *xk, max);
-    }
-    let all_zero = s.lt(amax, s.splat(GROUP_MAX_EPS));
-    let mut wx = [zero; 32];
-    for k in 0..BLOCK {
-        wx[k] = s.mul(w[k], x[k]);
-    }
-    let (lo, hi, off) = (-nmax, nmax - 1, s.isplat(nmax));
-    let iscale = s.div(s.splat(-nmax as f32), max);
-    let mut l = [s.isplat(0); 32];
-    let (mut sumlx, mut suml2) = (zero, zero);
-    for k in 0..BLOCK {
-        let li = iclamp(s, nearest_int(s, s.mul(iscale, x[k])), lo, hi);
-        l[k] = s.iadd(li, off);
-        let lf = s.cvt(li);
-        sumlx = s.add(sumlx, s.mul(wx[k], lf));
-        suml2 = s.add(suml2, s.mul(s.mul(w[k], lf), lf));
-    }
-    let mut scale = s.select(s.ne(suml2, zero), s.div(sumlx, suml2), zero);
-    let mut best = s.mul(scale, sumlx);
-    for is in -9i32..=9 {
-        if is == 0 {
-            continue;
-        }
-        let iscale = s.div(s.splat(-(nmax as f32 + 0.1f32 * is as f32)), max);
-        let mut lt = [s.isplat(0); 32];
-        let (mut sumlx, mut suml2) = (zero, zero);
-        for k in 0..BLOCK {
-            let li = iclamp(s, nearest_int(s, s.mul(iscale, x[k])), lo, hi);
-            lt[k] = li;
-            let lf = s.cvt(li);
-            sumlx = s.add(sumlx, s.mul(wx[k], lf));
-            suml2 = s.add(suml2, s.mul(s.mul(w[k], lf), lf));
-        }
-        let better = s.mand(s.gt(suml2, zero), s.gt(s.mul(sumlx, sumlx), s.mul(best, suml2)));
-        if s.any(better) {
-            for k in 0..BLOCK {
-                l[k] = s.iselect(better, s.iadd(lt[k], off), l[k]);
-            }
-            let sc = s.div(sumlx, suml2);
-            scale = s.select(better, sc, scale);
-            best = s.select(better, s.mul(sc, sumlx), best);
-        }
-    }
-    for lk in &mut l {
-        *lk = s.iselect(all_zero, s.isplat(0), *lk);
-    }
-    (s.select(all_zero, zero, scale), l)
-}
-
 #[inline(always)]
 fn signed_max_impl<S: Simd, const Q5: bool>(s: S, src: &[f32], n_per_row: usize, quant_weights: &[f32], dst: &mut [u8]) {
     let (bytes, nmax): (usize, i32) = if Q5 { (q5_0::BYTES, 16) } else { (q4_0::BYTES, 8) };
@@ -301,7 +240,7 @@ fn signed_max_impl<S: Simd, const Q5: bool>(s: S, src: &[f32], n_per_row: usize,
                 s2[lane] = sigma2[row[lane]];
             }
             let w = weights(s, &x, &qw, s.load(&s2));
-            let (scale, l) = make_qx_lanes(s, nmax, &x, &w);
+            let (scale, l) = make_qx_lanes::<S, 32>(s, nmax, &x, &w);
             let mut sc = [0.0f32; 16];
             s.store(scale, &mut sc);
             let mut lv = [[0i32; 16]; 32];
