@@ -658,6 +658,25 @@ fn mount_read(env: &[(&str, String)], url: &str, opts: &[&str], file: &str) -> (
     (bytes.unwrap(), stats["remote"].clone())
 }
 
+/// The disk-cache tests' setting: the sample in moto (`sample_in_s3`), read through a mount
+/// with fetched parts kept in a cache directory.
+struct CachedPack;
+
+impl CachedPack {
+    const URL: &str = "s3://bkt/m/sample-moe.gguf";
+
+    /// Mount options: the cache directory, bounded explicitly (a nearly full filesystem
+    /// would otherwise bound it at 0), and small parts, so the sample spans many.
+    fn opts(cache: &Path) -> Vec<String> {
+        vec![format!("--disk-cache={}", cache.display()), "--disk-cache-gb=1".into(), "--remote-part-mb=1".into(), "--cache-mb=1".into()]
+    }
+
+    /// The expert pack of the local sample.
+    fn local_pack() -> Vec<u8> {
+        std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap()
+    }
+}
+
 /// Two mounts of one object at the same time, one cache directory (SGLang's tensor-parallel
 /// ranks, each mounting the model): what one fetched, the other reads from disk.
 #[test]
@@ -666,10 +685,9 @@ fn two_live_mounts_sharing_a_cache_directory_download_once() {
     let (_fx, s3) = sample_in_s3();
     let env = s3_env(&s3);
     let cache = tmp();
-    let disk = format!("--disk-cache={}", cache.path().display());
-    let opts = [disk.as_str(), "--disk-cache-gb=1", "--remote-part-mb=1", "--cache-mb=1"];
-    let url = "s3://bkt/m/sample-moe.gguf";
-    let want = std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let opts = CachedPack::opts(cache.path());
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let (url, want) = (CachedPack::URL, CachedPack::local_pack());
     let (a, b) = (tmp(), tmp());
     for m in [&a, &b] {
         let mut args = vec!["mount", url, m.path().to_str().unwrap()];
@@ -698,11 +716,9 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     let (fx, s3) = sample_in_s3();
     let env = s3_env(&s3);
     let cache = tmp();
-    let disk = format!("--disk-cache={}", cache.path().display());
-    // Small parts, so the sample spans many.
-    let opts = [disk.as_str(), "--disk-cache-gb=1", "--remote-part-mb=1", "--cache-mb=1"];
-    let url = "s3://bkt/m/sample-moe.gguf";
-    let want = std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let opts = CachedPack::opts(cache.path());
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let (url, want) = (CachedPack::URL, CachedPack::local_pack());
 
     let (first, s1) = mount_read(&env, url, &opts, "sample-moe.pack");
     assert!(first == want, "first mount: the pack differs");
