@@ -201,7 +201,10 @@ fn main() {
             v.push(Box::new(|| ggml(x, o)));
             for &l in &levels {
                 let o = it.next().unwrap();
-                v.push(Box::new(move || pool1.install(|| codec::quantize_rows_at(l, ty, x, k, imp, o).unwrap())));
+                // On this thread, as ggml's 1-thread column runs: `quantize_rows_at` is
+                // single-threaded, and a hop into a one-thread pool would time a thread's
+                // wake-up (tens of microseconds here) along with the codec.
+                v.push(Box::new(move || codec::quantize_rows_at(l, ty, x, k, imp, o).unwrap()));
             }
             let o = it.next().unwrap();
             v.push(Box::new(|| x.par_chunks(16 * k).zip(o.par_chunks_mut(16 * row_bytes)).for_each(|(s, d)| ggml(s, d))));
