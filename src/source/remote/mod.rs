@@ -239,6 +239,12 @@ pub(crate) trait Namespace: Send + Sync + std::fmt::Debug {
     /// Fill `buf` with the object's bytes from `offset`, as pinned by `meta`, within
     /// [`Config::deadline`] per request.
     fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError>;
+    /// [`Namespace::read`] into a buffer it owns and gives back filled (a part): a namespace
+    /// may then run the request off the calling thread.
+    fn read_owned(&self, key: &str, meta: &Meta, offset: u64, mut buf: Vec<u8>) -> Result<Vec<u8>, RemoteError> {
+        self.read(key, meta, offset, &mut buf)?;
+        Ok(buf)
+    }
     /// The content's sha256 (lowercase hex) where the store states it for the version
     /// `meta` pins: what was pinned with it (the Hub's LFS oid), or what the store answers
     /// when asked (S3's full-object checksum).

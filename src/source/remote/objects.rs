@@ -324,70 +324,144 @@ impl Namespace for Bucket {
     }
 
     fn read(&self, key: &str, meta: &Meta, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
-        let end = offset + buf.len() as u64;
+        let len = buf.len();
+        self.read_retrying(key, meta, offset, len, |store, path, options, deadline| {
+            // The timer is made inside the runtime's context (`block_on` enters it).
+            block_on(async { tokio::time::timeout(deadline, get_into(store.as_ref(), path, options, offset, &mut *buf)).await.ok() })
+        })
+    }
+
+    /// As `read`, but each attempt runs as a task on the network runtime's workers, which
+    /// take the body's bytes as the socket delivers them: the calling thread is woken once,
+    /// when the part is complete, not once per chunk of the body (`block_on` from an outside
+    /// thread is woken by the runtime's I/O driver for every readiness event).
+    fn read_owned(&self, key: &str, meta: &Meta, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, RemoteError> {
+        let len = buf.len();
+        let mut owned = buf;
+        self.read_retrying(key, meta, offset, len, |store, path, options, deadline| {
+            let (store, path, options) = (store.clone(), path.clone(), options.clone());
+            let mut b = std::mem::take(&mut owned);
+            let task = super::runtime().spawn(async move {
+                let r = tokio::time::timeout(deadline, get_into(store.as_ref(), &path, &options, offset, &mut b)).await.ok();
+                (r, b)
+            });
+            match block_on(task) {
+                Ok((r, b)) => {
+                    owned = b;
+                    r
+                }
+                // The task panicked (a bug in a dependency): its buffer went with it.
+                Err(e) => {
+                    owned = vec![0u8; len];
+                    Some(Ok(Err(Unusable::Bad(format!("the request's task failed: {e}")))))
+                }
+            }
+        })?;
+        Ok(owned)
+    }
+}
+
+/// What one attempt at a ranged GET gave: `None` when it did not complete within its
+/// deadline, `Some(Err)` when the request failed, `Some(Ok(Err(what)))` when the answer
+/// cannot be used.
+type Attempt = Option<Result<Result<(), Unusable>, object_store::Error>>;
+
+/// An answer that came but cannot be used.
+#[derive(Debug)]
+enum Unusable {
+    /// Another version of the object than the one pinned.
+    Changed(String),
+    /// Not the bytes asked for (range, length), or no complete answer in time.
+    Bad(String),
+}
+
+/// One conditional ranged GET of `buf.len()` bytes at `offset` into `buf`, the answer's
+/// range, ETag and length checked.
+async fn get_into(
+    store: &dyn ObjectStore,
+    path: &OsPath,
+    options: &GetOptions,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<Result<(), Unusable>, object_store::Error> {
+    let end = offset + buf.len() as u64;
+    let r = store.get_opts(path, options.clone()).await?;
+    if r.range != (offset..end) {
+        return Ok(Err(Unusable::Bad(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range))));
+    }
+    if options.if_match.is_some() && r.meta.e_tag.is_some() && r.meta.e_tag != options.if_match {
+        return Ok(Err(Unusable::Changed(format!("ETag {:?} where {:?} was pinned", r.meta.e_tag, options.if_match))));
+    }
+    let mut stream = r.into_stream();
+    let mut filled = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if filled + chunk.len() > buf.len() {
+            return Ok(Err(Unusable::Bad(format!("the body is longer than the {} bytes asked for", buf.len()))));
+        }
+        buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
+        filled += chunk.len();
+    }
+    if filled != buf.len() {
+        return Ok(Err(Unusable::Bad(format!("the body ended after {filled} of {} bytes", buf.len()))));
+    }
+    Ok(Ok(()))
+}
+
+impl Bucket {
+    /// A ranged read of `len` bytes at `offset`, conditional on `meta`'s pin: `attempt`
+    /// makes one request (within the deadline it is given); timeouts are retried here with
+    /// backoff (`object_store` retries the rest), and the outcome is counted and mapped.
+    fn read_retrying(
+        &self,
+        key: &str,
+        meta: &Meta,
+        offset: u64,
+        len: usize,
+        mut attempt_once: impl FnMut(&Arc<dyn ObjectStore>, &OsPath, &GetOptions, Duration) -> Attempt,
+    ) -> Result<(), RemoteError> {
+        let end = offset + len as u64;
         let options = GetOptions {
             range: Some(GetRange::Bounded(offset..end)),
             if_match: meta.pin.etag.clone(),
             version: meta.pin.version.clone(),
             ..Default::default()
         };
-        let options = &options;
         let path = OsPath::from(key);
         let started = std::time::Instant::now();
-        let deadline = self.config.deadline(buf.len() as u64);
+        let deadline = self.config.deadline(len as u64);
         let mut attempt = 0u32;
         let got = loop {
             attempt += 1;
-            let once = block_on(async {
-                tokio::time::timeout(deadline, async {
-                    let r = self.store.get_opts(&path, options.clone()).await?;
-                    if r.range != (offset..end) {
-                        return Ok(Err(format!("asked for bytes {offset}..{end}, the answer holds {:?}", r.range)));
-                    }
-                    if meta.pin.etag.is_some() && r.meta.e_tag.is_some() && r.meta.e_tag != meta.pin.etag {
-                        return Ok(Err(format!("ETag {:?} where {:?} was pinned", r.meta.e_tag, meta.pin.etag)));
-                    }
-                    let mut stream = r.into_stream();
-                    let mut filled = 0usize;
-                    while let Some(chunk) = stream.next().await {
-                        let chunk = chunk?;
-                        if filled + chunk.len() > buf.len() {
-                            return Ok(Err(format!("the body is longer than the {} bytes asked for", buf.len())));
-                        }
-                        buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
-                        filled += chunk.len();
-                    }
-                    if filled != buf.len() {
-                        return Ok(Err(format!("the body ended after {filled} of {} bytes", buf.len())));
-                    }
-                    Ok::<_, object_store::Error>(Ok(()))
-                })
-                .await
-            });
-            match once {
-                Ok(r) => break r,
-                Err(_) if (attempt as usize) < self.config.max_attempts => {
+            match attempt_once(&self.store, &path, &options, deadline) {
+                Some(r) => break r,
+                None if (attempt as usize) < self.config.max_attempts => {
                     stats::note_error("timeout_retried");
                     tracing::info!("{}: no complete answer in {deadline:?} (attempt {attempt}): retrying", self.url(key));
                     std::thread::sleep(super::backoff(attempt));
                 }
-                Err(_) => {
-                    break Ok(Err(format!("no complete answer within {deadline:?} in {attempt} attempts (a stalled or trickling server)")));
+                None => {
+                    break Ok(Err(Unusable::Bad(format!("no complete answer within {deadline:?} in {attempt} attempts (a stalled or trickling server)"))));
                 }
             }
         };
         match got {
             Ok(Ok(())) => {
-                stats::note_bytes(buf.len() as u64, started.elapsed());
+                stats::note_bytes(len as u64, started.elapsed());
                 Ok(())
             }
-            Ok(Err(what)) => {
+            Ok(Err(unusable)) => {
                 stats::note_error("bad_response");
-                tracing::warn!("{}: {what}", self.url(key));
-                if what.starts_with("ETag") {
-                    Err(RemoteError::Changed { url: self.url(key), what })
-                } else {
-                    Err(RemoteError::BadResponse { url: self.url(key), what })
+                let url = self.url(key);
+                match unusable {
+                    Unusable::Changed(what) => {
+                        tracing::warn!("{url}: {what}");
+                        Err(RemoteError::Changed { url, what })
+                    }
+                    Unusable::Bad(what) => {
+                        tracing::warn!("{url}: {what}");
+                        Err(RemoteError::BadResponse { url, what })
+                    }
                 }
             }
             Err(e) => {
@@ -400,7 +474,7 @@ impl Namespace for Bucket {
                     RemoteError::NotFound { .. } => "not_found",
                     _ => "failed",
                 });
-                tracing::warn!("read of {} bytes at {offset} failed: {e}", buf.len());
+                tracing::warn!("read of {len} bytes at {offset} failed: {e}");
                 Err(e)
             }
         }
