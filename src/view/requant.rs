@@ -34,6 +34,7 @@ use crate::pyjson::{self, Style};
 use crate::source::{Source, SourceFile, TensorInfo};
 use crate::store::KeyBuilder;
 use crate::store::disk::source_file_keys;
+use crate::util::args::InvalidValue;
 
 const VIEW: &str = "requant";
 pub const SOURCE_REVISION: &str = "2bc89ac599031fa673cab993f1df02fc4a98c673";
@@ -46,10 +47,10 @@ fn err(rule: impl Into<String>) -> ViewError {
 /// A recipe's type: the fourth seed's (IQ2_XXS, Q2_K, Q8_0). Other types xpackfs quantises
 /// to are for the GGUF output view; the requant view's shards and manifest are the seed's,
 /// and the seed writes only these.
-fn recipe_type(name: &str) -> Result<QuantType, String> {
+fn recipe_type(name: &str) -> Result<QuantType, InvalidValue> {
     match QuantType::from_name(name) {
         Some(t @ (QuantType::Iq2Xxs | QuantType::Q2K | QuantType::Q8_0)) => Ok(t),
-        _ => Err(format!("{name:?} is not a type the requant view writes: IQ2_XXS, Q2_K or Q8_0")),
+        _ => Err(InvalidValue::given(name, "is not a type the requant view writes: IQ2_XXS, Q2_K or Q8_0")),
     }
 }
 
