@@ -294,8 +294,8 @@ fn check_expert_coverage(source: &Source, planned: &[Planned]) -> Result<(), Vie
         let [_, layer, _, _, expert, proj, _] = parts[..] else {
             return Err(err(format!("{name}: a routed expert must be named layers.L.ffn.experts.E.wN.weight")));
         };
-        let layer = super::name_index(name, "layer", layer, super::MAX_LAYER_INDEX).map_err(err)?;
-        let e = super::name_index(name, "expert", expert, super::MAX_EXPERTS - 1).map_err(err)?;
+        let layer = super::name_index(name, "layer", layer, super::MAX_LAYER_INDEX).map_err(|e| err(e.to_string()))?;
+        let e = super::name_index(name, "expert", expert, super::MAX_EXPERTS - 1).map_err(|e| err(e.to_string()))?;
         count = count.max(e + 1);
         seen.entry(layer).or_default().entry(proj.to_string()).or_default().insert(e);
     }
@@ -363,7 +363,7 @@ fn importance_rows(source: &Source, planned: &[Planned], imatrix: Option<&Imatri
         let row = match imatrix {
             None => (unit.entry(k).or_insert_with(|| Arc::new(vec![1.0f32; k])).clone(), None, "unit".to_string()),
             Some(m) => {
-                let (entry, r) = m.locate(&t.name, k).map_err(|rule| err(format!("imatrix {}: {rule}", m.path.display())))?;
+                let (entry, r) = m.locate(&t.name, k).map_err(|why| err(format!("imatrix {}: {why}", m.path.display())))?;
                 let row = m.row(&t.name, k)?;
                 let key = digest::sha256_hex(&row.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
                 (Arc::new(row), Some(format!("{entry}[{r}]")), key)
