@@ -375,7 +375,7 @@ fn materialize_verify_runs_sglangs_checks_with_full_hashes() {
         corrupt(&mut bad);
         std::fs::write(&pack, &bad).unwrap();
         let e = verify(&bad).expect_err(what);
-        assert!(e.contains(ours), "{what}: {e}");
+        assert!(e.to_string().contains(ours), "{what}: {e}");
         let o = sglang_kimi_output(&["validate", "--gguf-dir", s(&gguf), "--config", s(&config), "--pack", s(&pack), "--full-pack-hash", "--relax-audit"]);
         match theirs {
             Some(t) => assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains(t), "{what}: {}", String::from_utf8_lossy(&o.stderr)),

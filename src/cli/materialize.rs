@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use super::AllOptions;
 use crate::materialize::{self, partition};
+use crate::util::args::InvalidValue;
 use crate::view::{self, Context, Input, Purpose};
 
 #[derive(Debug, clap::Args)]
@@ -48,26 +49,26 @@ pub struct MaterializeArgs {
     options: AllOptions,
 }
 
-fn margin(s: &str) -> Result<f64, String> {
+fn margin(s: &str) -> Result<f64, InvalidValue> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && (0.0..=1e6).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?} must be a number of GiB from 0 to 1000000")),
+        _ => Err(InvalidValue::given(s, "must be a number of GiB from 0 to 1000000")),
     }
 }
 
 /// `4096`, `256K`, `64M`, `1G`: a multiple of 4096 bytes (pieces of a cut file stay page
 /// aligned, so parts written by different machines never share a page).
-fn parse_piece_size(s: &str) -> Result<u64, String> {
+fn parse_piece_size(s: &str) -> Result<u64, InvalidValue> {
     let (digits, unit) = match s.trim().to_ascii_uppercase() {
         t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1u64 << 10),
         t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
         t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
         t => (t, 1),
     };
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size (e.g. 1G, 256M, 4096)"))?;
-    let bytes = n.checked_mul(unit).ok_or_else(|| format!("{s:?} is too large"))?;
+    let n: u64 = digits.parse().map_err(|_| InvalidValue::given(s, "is not a size (e.g. 1G, 256M, 4096)"))?;
+    let bytes = n.checked_mul(unit).ok_or_else(|| InvalidValue::given(s, "is too large"))?;
     if bytes % 4096 != 0 {
-        return Err(format!("{s:?} is not a multiple of 4096 bytes"));
+        return Err(InvalidValue::given(s, "is not a multiple of 4096 bytes"));
     }
     Ok(bytes)
 }

@@ -246,7 +246,7 @@ fn validate_int8(a: ValidateArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("xpackfs: invalid INT8 tree: {}", e.rule);
+            eprintln!("xpackfs: invalid INT8 tree: {}", e.fault);
             1
         }
     }

@@ -36,6 +36,8 @@ pub mod simd;
 
 pub use ggml_type::GgmlType;
 
+use crate::util::args::InvalidValue;
+
 /// Changes whenever the output of any codec could change (a fix, a new rounding): everything
 /// remembered about computed bytes (digests in the store, chunks in a disk cache) is keyed
 /// with it, so bytes computed by another revision are never taken for this one's.
@@ -107,17 +109,20 @@ pub enum QuantType {
 impl QuantType {
     /// For option parsing: the type named `name`, or the rule. The requant recipe's types
     /// only (IQ2_XXS, Q2_K, Q8_0); [`QuantType::parse_any`] takes every type.
-    pub fn parse(name: &str) -> Result<QuantType, String> {
+    pub fn parse(name: &str) -> Result<QuantType, InvalidValue> {
         match QuantType::from_name(name) {
             Some(t @ (QuantType::Q8_0 | QuantType::Q2K | QuantType::Iq2Xxs)) => Ok(t),
-            _ => Err(format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0")),
+            _ => Err(InvalidValue::given(name, "is not a type xpackfs quantises to: IQ2_XXS, Q2_K or Q8_0")),
         }
     }
 
     /// [`QuantType::parse`] over every type xpackfs quantises to (`xpackfs codec quantize`).
-    pub fn parse_any(name: &str) -> Result<QuantType, String> {
+    pub fn parse_any(name: &str) -> Result<QuantType, InvalidValue> {
         QuantType::from_name(name).ok_or_else(|| {
-            format!("{name:?} is not a type xpackfs quantises to: IQ2_XXS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_XS")
+            InvalidValue::given(
+                name,
+                "is not a type xpackfs quantises to: IQ2_XXS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or IQ4_XS",
+            )
         })
     }
 

@@ -35,10 +35,25 @@ pub enum DigestError {
     Source(#[from] SourceError),
     #[error("digest store {}: {what}", path.display())]
     Store { path: PathBuf, what: String },
+    /// An entry of the digest store could not be written (its directory made, its JSON
+    /// encoded, the file written).
+    #[error("digest store {}: {source}", path.display())]
+    Write { path: PathBuf, source: StoreWrite },
     #[error("source sha256 mismatch: expected {expected}, the source hashes to {actual}")]
     Mismatch { expected: String, actual: String },
     #[error("{}: the store states sha256 {stated}, the bytes read hash to {actual}", path.display())]
     Stated { path: PathBuf, stated: String, actual: String },
+}
+
+/// What failed in writing a digest store entry ([`DigestError::Write`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreWrite {
+    #[error("cannot create directory: {0}")]
+    CreateDir(#[source] std::io::Error),
+    #[error("{0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("{0}")]
+    Write(#[from] std::io::Error),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

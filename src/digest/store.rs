@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use super::{DigestError, FileRecord, STORE_FORMAT, SourceDigests, covers, file_records};
+use super::{DigestError, FileRecord, STORE_FORMAT, SourceDigests, StoreWrite, covers, file_records};
 use crate::source::{Source, SourceFile};
 use crate::util::sha256_hex;
 
@@ -94,10 +94,10 @@ impl DigestStore {
     pub fn save(&self, digests: &SourceDigests) -> Result<Option<PathBuf>, DigestError> {
         let Some(dir) = &self.dir else { return Ok(None) };
         let path = dir.join(format!("{}.json", Self::key(&digests.files)));
-        let err = |what: String| DigestError::Store { path: path.clone(), what };
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create directory: {e}")))?;
-        let text = serde_json::to_vec(digests).map_err(|e| err(e.to_string()))?;
-        crate::fsutil::write_atomic(&path, &text).map_err(|e| err(e.to_string()))?;
+        let err = |source: StoreWrite| DigestError::Write { path: path.clone(), source };
+        std::fs::create_dir_all(dir).map_err(|e| err(StoreWrite::CreateDir(e)))?;
+        let text = serde_json::to_vec(digests).map_err(|e| err(e.into()))?;
+        crate::fsutil::write_atomic(&path, &text).map_err(|e| err(e.into()))?;
         Ok(Some(path))
     }
 }
@@ -116,12 +116,12 @@ impl DigestStore {
 
     pub fn save_view(&self, key: &str, hashes: &[String]) -> Result<(), DigestError> {
         let Some(path) = self.view_path(key) else { return Ok(()) };
-        let err = |what: String| DigestError::Store { path: path.clone(), what };
+        let err = |source: StoreWrite| DigestError::Write { path: path.clone(), source };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create directory: {e}")))?;
+            std::fs::create_dir_all(dir).map_err(|e| err(StoreWrite::CreateDir(e)))?;
         }
-        let text = serde_json::to_vec(hashes).map_err(|e| err(e.to_string()))?;
-        crate::fsutil::write_atomic(&path, &text).map_err(|e| err(e.to_string()))
+        let text = serde_json::to_vec(hashes).map_err(|e| err(e.into()))?;
+        crate::fsutil::write_atomic(&path, &text).map_err(|e| err(e.into()))
     }
 }
 

@@ -45,10 +45,15 @@ pub struct Partition {
     pub count: u32,
 }
 
+/// A `--partition` value that is not `I/N` with `0 <= I < N`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--partition {0:?}: expected I/N with 0 <= I < N (e.g. 0/4)")]
+pub struct BadPartition(pub String);
+
 impl std::str::FromStr for Partition {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("--partition {s:?}: expected I/N with 0 <= I < N (e.g. 0/4)");
+    type Err = BadPartition;
+    fn from_str(s: &str) -> Result<Self, BadPartition> {
+        let bad = || BadPartition(s.to_string());
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
         let (index, count): (u32, u32) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
         if count == 0 || index >= count {

@@ -44,7 +44,7 @@ pub enum MountError {
     Session(std::io::Error),
     /// A read pool's threads could not be started.
     #[error("read pool threads: {0}")]
-    Threads(String),
+    Threads(#[source] std::io::Error),
     /// The metrics endpoint (`metrics=ADDR:PORT`) could not listen on its address.
     #[error("metrics endpoint {addr}: {source}")]
     Metrics { addr: std::net::SocketAddr, source: std::io::Error },

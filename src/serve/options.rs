@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::util::args::{int_in, switch};
+use crate::util::args::{InvalidValue, int_in, switch};
 
 /// `auto`, `on` or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,10 +17,10 @@ pub enum Auto {
 }
 
 impl Auto {
-    pub fn parse(s: &str) -> Result<Auto, String> {
+    pub fn parse(s: &str) -> Result<Auto, InvalidValue> {
         match s {
             "auto" => Ok(Auto::Auto),
-            _ => switch(s).map(|on| if on { Auto::On } else { Auto::Off }).map_err(|_| format!("{s:?} is not auto, on or off")),
+            _ => switch(s).map(|on| if on { Auto::On } else { Auto::Off }).map_err(|_| InvalidValue::given(s, "is not auto, on or off")),
         }
     }
 
@@ -115,33 +115,42 @@ pub struct ServeOptions {
 pub struct SourceIoChoice(pub Option<crate::source::SourceIo>);
 
 impl SourceIoChoice {
-    pub fn parse(s: &str) -> Result<SourceIoChoice, String> {
+    pub fn parse(s: &str) -> Result<SourceIoChoice, InvalidValue> {
         match s {
             "auto" => Ok(SourceIoChoice(None)),
             "direct" => Ok(SourceIoChoice(Some(crate::source::SourceIo::Direct))),
             "buffered" => Ok(SourceIoChoice(Some(crate::source::SourceIo::Buffered))),
-            _ => Err(format!("{s:?} is not auto, direct or buffered")),
+            _ => Err(InvalidValue::given(s, "is not auto, direct or buffered")),
         }
     }
 }
 
-fn direct_piece_kb(s: &str) -> Result<usize, String> {
+fn direct_piece_kb(s: &str) -> Result<usize, InvalidValue> {
     match int_in::<usize>(0, 1024)(s)? {
         v @ (0 | 4..=1024) => Ok(v),
-        v => Err(format!("{v} must be 0 or from 4 to 1024")),
+        v => Err(InvalidValue::number(v, "must be 0 or from 4 to 1024")),
     }
 }
 
-fn metrics_addr(s: &str) -> Result<SocketAddr, String> {
-    let addr: SocketAddr = s.parse().map_err(|_| format!("{s:?} is not IP:PORT (e.g. 127.0.0.1:9100 or [::1]:9100)"))?;
+/// Why a `metrics` address is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetricsAddrError {
+    #[error("{0:?} is not IP:PORT (e.g. 127.0.0.1:9100 or [::1]:9100)")]
+    NotAddr(String),
+    #[error("{0:?}: the port must not be 0")]
+    PortZero(String),
+}
+
+fn metrics_addr(s: &str) -> Result<SocketAddr, MetricsAddrError> {
+    let addr: SocketAddr = s.parse().map_err(|_| MetricsAddrError::NotAddr(s.to_string()))?;
     if addr.port() == 0 {
-        return Err(format!("{s:?}: the port must not be 0"));
+        return Err(MetricsAddrError::PortZero(s.to_string()));
     }
     Ok(addr)
 }
 
-fn passthrough(s: &str) -> Result<bool, String> {
-    Auto::parse(s).map(|a| a != Auto::Off).map_err(|_| format!("{s:?} is not auto or off"))
+fn passthrough(s: &str) -> Result<bool, InvalidValue> {
+    Auto::parse(s).map(|a| a != Auto::Off).map_err(|_| InvalidValue::given(s, "is not auto or off"))
 }
 
 impl ServeOptions {

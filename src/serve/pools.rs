@@ -35,7 +35,7 @@ impl ReadPool {
 
 /// A pool of `threads` threads named `xpackfs-{name}-N`; `threads == 0`: no pool (the reads
 /// stay on the FUSE worker).
-pub fn read_pool(name: &str, threads: usize) -> Result<Option<Arc<ReadPool>>, String> {
+pub fn read_pool(name: &str, threads: usize) -> std::io::Result<Option<Arc<ReadPool>>> {
     if threads == 0 {
         return Ok(None);
     }
@@ -43,18 +43,15 @@ pub fn read_pool(name: &str, threads: usize) -> Result<Option<Arc<ReadPool>>, St
     let rx = Arc::new(Mutex::new(rx));
     for i in 0..threads {
         let rx = rx.clone();
-        std::thread::Builder::new()
-            .name(format!("xpackfs-{name}-{i}"))
-            .spawn(move || {
-                loop {
-                    let job = rx.lock().recv();
-                    match job {
-                        Ok(job) => job(),
-                        Err(_) => return,
-                    }
+        std::thread::Builder::new().name(format!("xpackfs-{name}-{i}")).spawn(move || {
+            loop {
+                let job = rx.lock().recv();
+                match job {
+                    Ok(job) => job(),
+                    Err(_) => return,
                 }
-            })
-            .map_err(|e| e.to_string())?;
+            }
+        })?;
     }
     Ok(Some(Arc::new(ReadPool { queue: Mutex::new(tx) })))
 }

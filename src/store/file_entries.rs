@@ -64,7 +64,18 @@ pub trait StoredFile: Send + Sync {
     fn visit_parts(&self, visit: &mut dyn FnMut(u64, Part<'_>) -> ControlFlow<()>) -> ControlFlow<()>;
     /// Fill `buf` whole with its bytes at `offset`, read through the view as `ctx` says
     /// (chunks not in the caches are computed if `ctx` allows), or say why not.
-    fn fill(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<(), String>;
+    fn fill(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<(), FillError>;
+}
+
+/// Why [`StoredFile::fill`] gave no bytes (a file entry is then not written: a warning).
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// The file ended at `at`, before the bytes asked for.
+    #[error("the view file ended at {at} of {size}")]
+    Short { at: u64, size: u64 },
+    /// Reading through the view failed (the view's own error, which this layer only shows).
+    #[error("{0}")]
+    Read(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Smaller files are served through the daemon only (their chunk entries are enough: the

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use super::disk::{DiskCache, DiskCacheConfig};
-use crate::util::args::{int_in, switch};
+use crate::util::args::{InvalidValue, int_in, switch};
 
 /// Options of the chunk tiers (flattened into the views' options): the disk cache, its
 /// bound, prewarming and the compute pool's size.
@@ -35,10 +35,10 @@ pub struct Options {
     pub compute_threads: Option<usize>,
 }
 
-fn gib(s: &str) -> Result<f64, String> {
+fn gib(s: &str) -> Result<f64, InvalidValue> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= (1u64 << 20) as f64 => Ok(v),
-        _ => Err(format!("{s:?} must be a number of GiB above 0 and at most 1048576")),
+        _ => Err(InvalidValue::given(s, "must be a number of GiB above 0 and at most 1048576")),
     }
 }
 

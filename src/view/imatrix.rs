@@ -43,6 +43,22 @@ fn err(path: &Path, rule: impl Into<String>) -> ViewError {
     ViewError::Option { option: "imatrix", rule: format!("{}: {}", path.display(), rule.into()) }
 }
 
+/// Why [`Imatrix::locate`] finds no importance row for a tensor; each names the tensor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoRow {
+    #[error("{tensor} has rows of 0 values")]
+    EmptyRows { tensor: String },
+    /// No entry of its own, and not a DeepSeek expert tensor (whose entry is llama.cpp's).
+    #[error("no importance entry for {tensor}")]
+    NotExpert { tensor: String },
+    #[error("no importance entry {entry} for {tensor}")]
+    NoEntry { entry: String, tensor: String },
+    #[error("importance entry {entry} has rows of {has}, {tensor} needs {needs}")]
+    RowLength { entry: String, has: usize, tensor: String, needs: usize },
+    #[error("importance entry {entry} has {rows} rows, {tensor} needs row {row}")]
+    RowCount { entry: String, rows: usize, tensor: String, row: usize },
+}
+
 /// A source error (it names the file already) as an `imatrix` option error.
 fn src_err(e: SourceError) -> ViewError {
     ViewError::Option { option: "imatrix", rule: e.to_string() }
@@ -339,23 +355,24 @@ impl Imatrix {
     }
 
     /// Describe where a tensor's importance row comes from, or why there is none.
-    pub fn locate(&self, name: &str, k: usize) -> Result<(String, usize), String> {
+    pub fn locate(&self, name: &str, k: usize) -> Result<(String, usize), NoRow> {
+        let tensor = || name.to_string();
         if k == 0 {
-            return Err(format!("{name} has rows of 0 values"));
+            return Err(NoRow::EmptyRows { tensor: tensor() });
         }
         if let Some(e) = self.entries.get(name)
             && e.ne0 * e.n_mat == k
         {
             return Ok((name.to_string(), 0));
         }
-        let (entry, row) = Self::entry_for(name).ok_or_else(|| format!("no importance entry for {name}"))?;
-        let e = self.entries.get(&entry).ok_or_else(|| format!("no importance entry {entry} for {name}"))?;
+        let (entry, row) = Self::entry_for(name).ok_or_else(|| NoRow::NotExpert { tensor: tensor() })?;
+        let Some(e) = self.entries.get(&entry) else { return Err(NoRow::NoEntry { entry, tensor: tensor() }) };
         let (ne0, rows) = if e.n_mat == 1 && e.ne0 % k == 0 { (k, e.ne0 / k) } else { (e.ne0, e.n_mat) };
         if ne0 != k {
-            return Err(format!("importance entry {entry} has rows of {ne0}, {name} needs {k}"));
+            return Err(NoRow::RowLength { entry, has: ne0, tensor: tensor(), needs: k });
         }
         if row >= rows {
-            return Err(format!("importance entry {entry} has {rows} rows, {name} needs row {row}"));
+            return Err(NoRow::RowCount { entry, rows, tensor: tensor(), row });
         }
         Ok((entry, row))
     }
@@ -365,7 +382,7 @@ impl Imatrix {
     /// quantised value of the row meaningless): the row is refused, naming entry, row and
     /// column.
     pub fn row(&self, name: &str, k: usize) -> Result<Vec<f32>, ViewError> {
-        let (entry, row) = self.locate(name, k).map_err(|r| err(&self.path, r))?;
+        let (entry, row) = self.locate(name, k).map_err(|r| err(&self.path, r.to_string()))?;
         let e = self.entries.get(&entry).ok_or_else(|| err(&self.path, format!("internal: no entry {entry}")))?;
         let mut b = vec![0u8; 4 * k];
         self.file.read_exact_at(&mut b, e.sums_offset + row as u64 * k as u64 * 4)?;

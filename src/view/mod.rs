@@ -48,11 +48,21 @@ pub const MAX_EXPERTS: u64 = 65536;
 
 /// An expert or layer index as written in a tensor name: decimal, no leading zeros, at most
 /// `max`; the refusal names the tensor and the rule.
-pub(crate) fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u64, String> {
+pub(crate) fn name_index(name: &str, what: &'static str, v: &str, max: u64) -> Result<u64, BadIndex> {
     match v.parse::<u64>() {
         Ok(x) if x <= max && (v == "0" || !v.starts_with('0')) => Ok(x),
-        _ => Err(format!("{name}: {what} index {v:?} is not a number from 0 to {max}")),
+        _ => Err(BadIndex { tensor: name.to_string(), what, index: v.to_string(), max }),
     }
+}
+
+/// An expert or layer index (`what`) in a tensor's name that [`name_index`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{tensor}: {what} index {index:?} is not a number from 0 to {max}")]
+pub struct BadIndex {
+    pub tensor: String,
+    pub what: &'static str,
+    pub index: String,
+    pub max: u64,
 }
 
 /// A chunk of `len` bytes computed by `fill` straight into the `Arc<[u8]>` the caches keep

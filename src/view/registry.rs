@@ -98,13 +98,13 @@ impl Default for ViewOptions {
     }
 }
 
-fn view_name(s: &str) -> Result<String, String> {
-    if s == "auto" || VIEWS.iter().any(|v| v.name() == s) {
-        Ok(s.to_string())
-    } else {
-        let names: Vec<&str> = VIEWS.iter().map(|v| v.name()).collect();
-        Err(format!("unknown view {s:?}: auto, {}", names.join(", ")))
-    }
+/// A `view` value that is neither `auto` nor a view's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown view {0:?}: auto, {names}", names = VIEWS.iter().map(|v| v.name()).collect::<Vec<_>>().join(", "))]
+pub struct UnknownView(pub String);
+
+fn view_name(s: &str) -> Result<String, UnknownView> {
+    if s == "auto" || VIEWS.iter().any(|v| v.name() == s) { Ok(s.to_string()) } else { Err(UnknownView(s.to_string())) }
 }
 
 /// What a view is built from.
@@ -204,7 +204,7 @@ pub fn resolve(name: &str, input: &Input) -> Result<&'static dyn View, ViewError
             .find(|v| v.is_default_for(input))
             .ok_or_else(|| ViewError::option("view", "no view is the default for this source: name one with view=..."));
     }
-    VIEWS.iter().copied().find(|v| v.name() == name).ok_or_else(|| ViewError::option("view", view_name(name).unwrap_err()))
+    VIEWS.iter().copied().find(|v| v.name() == name).ok_or_else(|| ViewError::option("view", UnknownView(name.to_string()).to_string()))
 }
 
 /// Build the view `opts.view` of `input`. A panic in a builder (a bug) becomes an error.
@@ -231,6 +231,6 @@ mod tests {
         assert_eq!(names.len(), VIEWS.len());
         let o = ViewOptions::default();
         assert_eq!((o.view.as_str(), o.cache_mb), ("auto", 1024));
-        assert!(view_name("nope").unwrap_err().contains("expert-pack"));
+        assert!(view_name("nope").unwrap_err().to_string().contains("expert-pack"));
     }
 }

@@ -34,6 +34,7 @@ use crate::pyjson::{self, Style};
 use crate::source::{Source, SourceFile, TensorInfo};
 use crate::store::KeyBuilder;
 use crate::store::disk::source_file_keys;
+use crate::util::args::InvalidValue;
 
 const VIEW: &str = "requant";
 pub const SOURCE_REVISION: &str = "2bc89ac599031fa673cab993f1df02fc4a98c673";
@@ -46,10 +47,10 @@ fn err(rule: impl Into<String>) -> ViewError {
 /// A recipe's type: the fourth seed's (IQ2_XXS, Q2_K, Q8_0). Other types xpackfs quantises
 /// to are for the GGUF output view; the requant view's shards and manifest are the seed's,
 /// and the seed writes only these.
-fn recipe_type(name: &str) -> Result<QuantType, String> {
+fn recipe_type(name: &str) -> Result<QuantType, InvalidValue> {
     match QuantType::from_name(name) {
         Some(t @ (QuantType::Iq2Xxs | QuantType::Q2K | QuantType::Q8_0)) => Ok(t),
-        _ => Err(format!("{name:?} is not a type the requant view writes: IQ2_XXS, Q2_K or Q8_0")),
+        _ => Err(InvalidValue::given(name, "is not a type the requant view writes: IQ2_XXS, Q2_K or Q8_0")),
     }
 }
 
@@ -293,8 +294,8 @@ fn check_expert_coverage(source: &Source, planned: &[Planned]) -> Result<(), Vie
         let [_, layer, _, _, expert, proj, _] = parts[..] else {
             return Err(err(format!("{name}: a routed expert must be named layers.L.ffn.experts.E.wN.weight")));
         };
-        let layer = super::name_index(name, "layer", layer, super::MAX_LAYER_INDEX).map_err(err)?;
-        let e = super::name_index(name, "expert", expert, super::MAX_EXPERTS - 1).map_err(err)?;
+        let layer = super::name_index(name, "layer", layer, super::MAX_LAYER_INDEX).map_err(|e| err(e.to_string()))?;
+        let e = super::name_index(name, "expert", expert, super::MAX_EXPERTS - 1).map_err(|e| err(e.to_string()))?;
         count = count.max(e + 1);
         seen.entry(layer).or_default().entry(proj.to_string()).or_default().insert(e);
     }
@@ -362,7 +363,7 @@ fn importance_rows(source: &Source, planned: &[Planned], imatrix: Option<&Imatri
         let row = match imatrix {
             None => (unit.entry(k).or_insert_with(|| Arc::new(vec![1.0f32; k])).clone(), None, "unit".to_string()),
             Some(m) => {
-                let (entry, r) = m.locate(&t.name, k).map_err(|rule| err(format!("imatrix {}: {rule}", m.path.display())))?;
+                let (entry, r) = m.locate(&t.name, k).map_err(|why| err(format!("imatrix {}: {why}", m.path.display())))?;
                 let row = m.row(&t.name, k)?;
                 let key = digest::sha256_hex(&row.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
                 (Arc::new(row), Some(format!("{entry}[{r}]")), key)

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::ViewError;
 use crate::source::SourceFile;
-use crate::store::file_entries::{Chunks, Part, StoredFile};
+use crate::store::file_entries::{Chunks, FillError, Part, StoredFile};
 use crate::store::{DiskKey, Priority, ReadCtx, Warmed};
 
 /// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
@@ -362,11 +362,11 @@ impl StoredFile for VirtualFile {
         std::ops::ControlFlow::Continue(())
     }
 
-    fn fill(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<(), String> {
+    fn fill(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<(), FillError> {
         match self.read_at(offset, buf, ctx) {
             Ok(n) if n == buf.len() => Ok(()),
-            Ok(n) => Err(format!("the view file ended at {} of {}", offset + n as u64, self.size)),
-            Err(e) => Err(e.to_string()),
+            Ok(n) => Err(FillError::Short { at: offset + n as u64, size: self.size }),
+            Err(e) => Err(FillError::Read(Box::new(e))),
         }
     }
 }

@@ -78,12 +78,21 @@ fn encode_path(p: &str) -> String {
     p.split('/').map(|c| url::form_urlencoded::byte_serialize(c.as_bytes()).collect::<String>().replace('+', "%20")).collect::<Vec<_>>().join("/")
 }
 
+/// Why [`body_capped`] gave no body.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("{0}")]
+    Read(#[from] reqwest::Error),
+    #[error("the answer is over {0} bytes")]
+    TooLarge(usize),
+}
+
 /// Read a body up to `cap` bytes.
-async fn body_capped(mut r: reqwest::Response, cap: usize) -> Result<Vec<u8>, String> {
+async fn body_capped(mut r: reqwest::Response, cap: usize) -> Result<Vec<u8>, BodyError> {
     let mut out = Vec::new();
-    while let Some(c) = r.chunk().await.map_err(|e| e.to_string())? {
+    while let Some(c) = r.chunk().await? {
         if out.len() + c.len() > cap {
-            return Err(format!("the answer is over {cap} bytes"));
+            return Err(BodyError::TooLarge(cap));
         }
         out.extend_from_slice(&c);
     }
@@ -194,7 +203,7 @@ impl Repo {
             match got {
                 Ok((status, headers, body)) => {
                     stats::note_response(Some(status.as_u16()), started.elapsed());
-                    let body = body.map_err(|what| RemoteError::BadResponse { url: self.base.clone(), what })?;
+                    let body = body.map_err(|e| RemoteError::BadResponse { url: self.base.clone(), what: e.to_string() })?;
                     let v = serde_json::from_slice(&body)
                         .map_err(|e| RemoteError::BadResponse { url: self.base.clone(), what: format!("the API's answer is not JSON: {e}") })?;
                     return Ok((v, next_link(&headers)));

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-pub use url::{RemoteUrl, Scheme};
+pub use url::{RemoteUrl, Scheme, UrlError};
 
 /// How remote sources are reached: set once per process from the command line
 /// ([`configure`]); the environment fills in the rest (credentials, `AWS_ENDPOINT_URL`,
@@ -193,6 +193,9 @@ pub enum RemoteError {
     Failed { url: String, cause: String },
     #[error("{url}: {what}")]
     Unsupported { url: String, what: String },
+    /// A path that looks like a remote URL but is not a valid one.
+    #[error("{url}: {source}")]
+    BadUrl { url: String, source: UrlError },
 }
 
 /// What identifies one version of an object: checked on every read.
@@ -268,7 +271,7 @@ pub fn is_remote(p: &Path) -> bool {
 fn resolve(p: &Path) -> Result<(RemoteUrl, Arc<dyn Namespace>), RemoteError> {
     let url = match RemoteUrl::parse_path(p) {
         Some(Ok(u)) => u,
-        Some(Err(e)) => return Err(RemoteError::Unsupported { url: p.display().to_string(), what: e }),
+        Some(Err(source)) => return Err(RemoteError::BadUrl { url: p.display().to_string(), source }),
         None => return Err(RemoteError::Unsupported { url: p.display().to_string(), what: "not a remote URL".into() }),
     };
     let name = url.namespace();

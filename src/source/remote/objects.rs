@@ -217,7 +217,7 @@ impl Bucket {
         {
             return Err(RemoteError::Changed { url, what: format!("ETag {now} where {pinned} was pinned") });
         }
-        parse_s3_sha256(header("x-amz-checksum-sha256").as_deref(), header("x-amz-checksum-type").as_deref()).map_err(bad)
+        parse_s3_sha256(header("x-amz-checksum-sha256").as_deref(), header("x-amz-checksum-type").as_deref()).map_err(|e| bad(e.to_string()))
     }
 
     fn listing(&self, dir: &str) -> Result<Arc<Listing>, RemoteError> {
@@ -264,7 +264,7 @@ const STRICT_PATH: percent_encoding::AsciiSet = percent_encoding::NON_ALPHANUMER
 /// whole object, or `None` where it states none: no header, a multipart object's checksum of
 /// checksums (`...-N`, or `x-amz-checksum-type: COMPOSITE`). A value that is not 32 bytes of
 /// base64 is an error: the server's word cannot be read.
-fn parse_s3_sha256(value: Option<&str>, kind: Option<&str>) -> Result<Option<String>, String> {
+fn parse_s3_sha256(value: Option<&str>, kind: Option<&str>) -> Result<Option<String>, NotSha256> {
     use base64::Engine;
     let Some(v) = value.map(str::trim) else { return Ok(None) };
     if v.contains('-') || kind.is_some_and(|k| !k.eq_ignore_ascii_case("FULL_OBJECT")) {
@@ -272,9 +272,14 @@ fn parse_s3_sha256(value: Option<&str>, kind: Option<&str>) -> Result<Option<Str
     }
     match base64::engine::general_purpose::STANDARD.decode(v) {
         Ok(b) if b.len() == 32 => Ok(Some(hex::encode(b))),
-        _ => Err(format!("x-amz-checksum-sha256 {:?} is not the base64 of 32 bytes", clip(v))),
+        _ => Err(NotSha256(clip(v))),
     }
 }
+
+/// An `x-amz-checksum-sha256` value (cut to a readable length) that is not 32 bytes of base64.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("x-amz-checksum-sha256 {0:?} is not the base64 of 32 bytes")]
+struct NotSha256(String);
 
 /// An error text cut to a readable length (an error body can be anything a server sends).
 fn clip(s: &str) -> String {
@@ -495,7 +500,7 @@ mod tests {
         assert_eq!(parse_s3_sha256(Some(b64), Some("COMPOSITE")), Ok(None));
         assert_eq!(parse_s3_sha256(Some(&format!("{b64}-3")), None), Ok(None));
         assert_eq!(parse_s3_sha256(None, Some("FULL_OBJECT")), Ok(None));
-        assert!(parse_s3_sha256(Some("AAAA"), None).unwrap_err().contains("not the base64 of 32 bytes"));
+        assert!(parse_s3_sha256(Some("AAAA"), None).unwrap_err().to_string().contains("not the base64 of 32 bytes"));
         assert!(parse_s3_sha256(Some("not base64!"), None).is_err());
     }
 

@@ -28,6 +28,22 @@ impl Scheme {
     }
 }
 
+/// Why a remote URL is refused; each names the URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("{0}: query strings and fragments are not part of a source URL")]
+    Query(String),
+    /// No bucket, container or host (`what`), or no Hub repository.
+    #[error("{url}: no {what} in the URL")]
+    NoRoot { url: String, what: &'static str },
+    #[error("{0}: empty revision after '@'")]
+    EmptyRevision(String),
+    #[error("{0}: a Hub repository is ORG/NAME (hf://ORG/NAME[@REVISION][/PATH])")]
+    NoRepoName(String),
+    #[error("{0}: '.' and '..' are not allowed in a source URL")]
+    DotSegment(String),
+}
+
 /// A parsed remote URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteUrl {
@@ -61,22 +77,22 @@ fn repair(s: &str) -> String {
 
 impl RemoteUrl {
     /// Parse a remote URL; `None` if `p` is not one.
-    pub fn parse_path(p: &Path) -> Option<Result<RemoteUrl, String>> {
+    pub fn parse_path(p: &Path) -> Option<Result<RemoteUrl, UrlError>> {
         let s = repair(p.to_str()?);
         let scheme = scheme_of(&s)?;
         Some(Self::parse_str(&s, scheme))
     }
 
-    fn parse_str(s: &str, scheme: Scheme) -> Result<RemoteUrl, String> {
+    fn parse_str(s: &str, scheme: Scheme) -> Result<RemoteUrl, UrlError> {
         let rest = &s[scheme.prefix().len()..];
         if rest.contains(['?', '#']) {
-            return Err(format!("{s}: query strings and fragments are not part of a source URL"));
+            return Err(UrlError::Query(s.to_string()));
         }
         let mut parts = rest.splitn(2, '/');
         let first = parts.next().unwrap_or("");
         let tail = parts.next().unwrap_or("");
         if first.is_empty() {
-            return Err(format!("{s}: no {} in the URL", if scheme == Scheme::Hf { "repository" } else { "bucket or host" }));
+            return Err(UrlError::NoRoot { url: s.to_string(), what: if scheme == Scheme::Hf { "repository" } else { "bucket or host" } });
         }
         let (root, revision, key) = if scheme == Scheme::Hf {
             // hf://ORG/NAME[@REVISION][/PATH]
@@ -85,11 +101,11 @@ impl RemoteUrl {
             let path = t.next().unwrap_or("");
             let (name, rev) = match name_rev.split_once('@') {
                 Some((n, r)) if !r.is_empty() => (n, Some(r.to_string())),
-                Some(_) => return Err(format!("{s}: empty revision after '@'")),
+                Some(_) => return Err(UrlError::EmptyRevision(s.to_string())),
                 None => (name_rev, None),
             };
             if name.is_empty() {
-                return Err(format!("{s}: a Hub repository is ORG/NAME (hf://ORG/NAME[@REVISION][/PATH])"));
+                return Err(UrlError::NoRepoName(s.to_string()));
             }
             (format!("{first}/{name}"), rev, path)
         } else {
@@ -97,7 +113,7 @@ impl RemoteUrl {
         };
         let key = key.trim_matches('/');
         if key.split('/').any(|c| c == ".." || c == ".") {
-            return Err(format!("{s}: '.' and '..' are not allowed in a source URL"));
+            return Err(UrlError::DotSegment(s.to_string()));
         }
         Ok(RemoteUrl { scheme, root, revision, key: key.to_string() })
     }

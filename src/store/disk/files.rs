@@ -27,7 +27,7 @@ use std::fs::{self, File};
 use std::hash::Hasher;
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use twox_hash::{XxHash3_64, XxHash3_128};
@@ -40,8 +40,6 @@ pub const BLOCK: u64 = 1 << 20;
 const SEAL_HEAD: usize = 96;
 /// Largest file kept as a file entry (its seal is then 8 MiB).
 pub const MAX_FILE_BYTES: u64 = 1 << 40;
-const OTHER_SIZE: &str = "a sound seal of a file of another size";
-const GONE: &str = "its data is gone";
 
 /// What [`DiskCache::file_entry`] found.
 #[derive(Debug)]
@@ -54,8 +52,41 @@ pub enum FileLookup {
     Corrupt,
 }
 
-/// Fills `buf` whole with the file's bytes at `offset` (the writer of a file entry).
-pub type Fill<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), String> + 'a;
+/// Fills `buf` whole with the file's bytes at `offset` (the writer of a file entry), or says
+/// why not (its error is only shown: the cache knows nothing of what fills it).
+pub type Fill<'a, E> = dyn FnMut(u64, &mut [u8]) -> Result<(), E> + 'a;
+
+/// Why [`DiskCache::file_entry`] serves no file entry it found a seal of: a miss
+/// ([`Unserved::OtherSize`], [`Unserved::Gone`]), or one found wrong (every other variant).
+#[derive(Debug, thiserror::Error)]
+enum Unserved {
+    /// A sound seal of a file of another size: keys cover the size, so it is not this file's.
+    #[error("a sound seal of a file of another size")]
+    OtherSize,
+    /// Its data file is gone: evicted meanwhile, or its writer is between its two renames.
+    #[error("its data is gone")]
+    Gone,
+    /// The seal, or the data file once open, could not be read or stat'ed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The data file could not be opened (for another reason than its absence).
+    #[error("{}: {source}", path.display())]
+    OpenData { path: PathBuf, source: io::Error },
+    #[error("seal has {0} bytes, more than any seal")]
+    SealTooLong(u64),
+    #[error("seal has {0} bytes, shorter than its header")]
+    SealTooShort(usize),
+    #[error("seal checksum mismatch")]
+    SealChecksum,
+    #[error("seal is of another key or format")]
+    SealForeign,
+    #[error("data has {len} bytes, its seal says {size}")]
+    DataSize { len: u64, size: u64 },
+    #[error("block {index}: {source}")]
+    ReadBlock { index: usize, source: io::Error },
+    #[error("block {index} (bytes {start}..{end}) checksum mismatch")]
+    BlockChecksum { index: usize, start: u64, end: u64 },
+}
 
 /// Bytes of the seal of a `size`-byte file.
 pub fn seal_len(size: u64) -> u64 {
@@ -111,18 +142,18 @@ impl Seal {
     }
 
     /// The seal in `bytes` for `key`, or why it is not one.
-    fn decode(bytes: &[u8], key: &DiskKey) -> Result<Seal, String> {
+    fn decode(bytes: &[u8], key: &DiskKey) -> Result<Seal, Unserved> {
         if bytes.len() < SEAL_HEAD + 16 {
-            return Err(format!("seal has {} bytes, shorter than its header", bytes.len()));
+            return Err(Unserved::SealTooShort(bytes.len()));
         }
         let (body, sum) = bytes.split_at(bytes.len() - 16);
         if XxHash3_128::oneshot(body).to_le_bytes() != sum {
-            return Err("seal checksum mismatch".into());
+            return Err(Unserved::SealChecksum);
         }
         let u = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
         let size = u(40);
         if body[..8] != SEAL_MAGIC || body[8..40] != key.0 || u(88) != BLOCK || size > MAX_FILE_BYTES || bytes.len() as u64 != seal_len(size) {
-            return Err("seal is of another key or format".into());
+            return Err(Unserved::SealForeign);
         }
         let i = |at: usize| u(at) as i64;
         let stat = Stamp { ino: u(48), ctime: (i(56), i(64)), mtime: (i(72), i(80)) };
@@ -156,28 +187,28 @@ impl DiskCache {
         let Some(seal_file) = self.open_or_miss(&seal_path, &self.stats.file_misses) else { return FileLookup::Absent };
         let seal_ino = seal_file.metadata().map(|m| m.ino()).ok();
         let mut data_ino = None;
-        let result = (|| -> Result<(File, SystemTime, Option<Seal>), String> {
-            let meta = seal_file.metadata().map_err(|e| e.to_string())?;
+        let result = (|| -> Result<(File, SystemTime, Option<Seal>), Unserved> {
+            let meta = seal_file.metadata()?;
             if meta.len() > seal_len(MAX_FILE_BYTES) {
-                return Err(format!("seal has {} bytes, more than any seal", meta.len()));
+                return Err(Unserved::SealTooLong(meta.len()));
             }
             let mut bytes = vec![0u8; meta.len() as usize];
-            seal_file.read_exact_at(&mut bytes, 0).map_err(|e| e.to_string())?;
+            seal_file.read_exact_at(&mut bytes, 0)?;
             let mut seal = Seal::decode(&bytes, key)?;
             if seal.size != size {
                 // Keys cover the size: a sound seal of another size is not this file's.
-                return Err(OTHER_SIZE.into());
+                return Err(Unserved::OtherSize);
             }
             let data = match File::open(&data_path) {
                 Ok(d) => d,
                 // Evicted meanwhile, or its writer is between its two renames.
-                Err(e) if e.kind() == ErrorKind::NotFound => return Err(GONE.into()),
-                Err(e) => return Err(format!("{}: {e}", data_path.display())),
+                Err(e) if e.kind() == ErrorKind::NotFound => return Err(Unserved::Gone),
+                Err(source) => return Err(Unserved::OpenData { path: data_path.clone(), source }),
             };
-            let dm = data.metadata().map_err(|e| e.to_string())?;
+            let dm = data.metadata()?;
             data_ino = Some(dm.ino());
             if dm.len() != size {
-                return Err(format!("data has {} bytes, its seal says {size}", dm.len()));
+                return Err(Unserved::DataSize { len: dm.len(), size });
             }
             let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             if Stamp::of(&dm) == seal.stat {
@@ -186,7 +217,7 @@ impl DiskCache {
             // Changed (or copied, restored) since it was sealed: every block is read and
             // checked before the file is served, then it is sealed again.
             verify_blocks(&data, &seal)?;
-            seal.stat = Stamp::of(&data.metadata().map_err(|e| e.to_string())?);
+            seal.stat = Stamp::of(&data.metadata()?);
             Ok((data, used, Some(seal)))
         })();
         match result {
@@ -206,7 +237,7 @@ impl DiskCache {
                 }
                 FileLookup::Sound(data)
             }
-            Err(why) if why == OTHER_SIZE || why == GONE => {
+            Err(Unserved::OtherSize | Unserved::Gone) => {
                 self.stats.file_misses.inc();
                 FileLookup::Absent
             }
@@ -251,7 +282,7 @@ impl DiskCache {
     /// Write a file entry of `size` bytes under `key`, its bytes from `fill(offset, buf)`
     /// (which fills `buf` whole), block by block. Returns whether the entry is present now.
     /// Failures (of the cache or of `fill`) are warnings, never errors.
-    pub fn put_file(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> bool {
+    pub fn put_file<E: std::fmt::Display>(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_, E>) -> bool {
         if self.mode() != Mode::ReadWrite || self.paused() || size > MAX_FILE_BYTES || size + seal_len(size) > self.cfg.budget_bytes {
             self.stats.skipped_writes.inc();
             return false;
@@ -284,13 +315,13 @@ impl DiskCache {
         true
     }
 
-    fn write_file_entry(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_>) -> Result<(), Failed> {
+    fn write_file_entry<E>(&self, key: &DiskKey, size: u64, fill: &mut Fill<'_, E>) -> Result<(), Failed<E>> {
         let (seal_path, data_path) = self.file_paths(key);
         if let Some(dir) = data_path.parent() {
             super::create_private_dir(dir)?;
         }
         let mut blocks = Vec::with_capacity(size.div_ceil(BLOCK) as usize);
-        let f = self.write_renamed::<Failed>(&format!("{}.file", key.hex()), &data_path, |f| {
+        let f = self.write_renamed::<Failed<E>>(&format!("{}.file", key.hex()), &data_path, |f| {
             // Its whole length from the start: an eviction pass that recounts the directory
             // meanwhile counts what this write has reserved (temporary files count).
             f.set_len(size)?;
@@ -314,7 +345,7 @@ impl DiskCache {
         Ok(())
     }
 
-    fn write_seal(&self, seal: &Seal, path: &std::path::Path) -> io::Result<()> {
+    fn write_seal(&self, seal: &Seal, path: &Path) -> io::Result<()> {
         self.write_renamed(&format!("{}.seal", seal.key.hex()), path, |f| {
             f.write_all_at(&seal.encode(), 0)?;
             if self.cfg.fsync {
@@ -326,28 +357,29 @@ impl DiskCache {
     }
 }
 
-enum Failed {
+/// Why a file entry was not written: the cache's own I/O, or `fill`'s error.
+enum Failed<E> {
     Io(io::Error),
-    Fill(String),
+    Fill(E),
 }
 
-impl From<io::Error> for Failed {
+impl<E> From<io::Error> for Failed<E> {
     fn from(e: io::Error) -> Self {
         Failed::Io(e)
     }
 }
 
 /// Read every block of `data` and check it against `seal`.
-fn verify_blocks(data: &File, seal: &Seal) -> Result<(), String> {
+fn verify_blocks(data: &File, seal: &Seal) -> Result<(), Unserved> {
     // SAFETY: a plain system call on the open descriptor `data`; it reads no memory.
     unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(data), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
     let mut buf = vec![0u8; BLOCK as usize];
     for (i, want) in seal.blocks.iter().enumerate() {
         let at = i as u64 * BLOCK;
         let n = (seal.size - at).min(BLOCK) as usize;
-        data.read_exact_at(&mut buf[..n], at).map_err(|e| format!("block {i}: {e}"))?;
+        data.read_exact_at(&mut buf[..n], at).map_err(|source| Unserved::ReadBlock { index: i, source })?;
         if block_sum(&seal.key, i as u64, &buf[..n]) != *want {
-            return Err(format!("block {i} (bytes {at}..{}) checksum mismatch", at + n as u64));
+            return Err(Unserved::BlockChecksum { index: i, start: at, end: at + n as u64 });
         }
     }
     Ok(())
@@ -378,7 +410,7 @@ mod tests {
         let b = bytes(i, size);
         c.put_file(&key(i), size, &mut |at, buf| {
             buf.copy_from_slice(&b[at as usize..at as usize + buf.len()]);
-            Ok(())
+            Ok::<_, io::Error>(())
         })
     }
 
@@ -580,7 +612,7 @@ mod tests {
         let c = cache(dir.path(), 1 << 30);
         let ok = c.put_file(&key(1), 3 * BLOCK, &mut |at, buf| {
             if at >= BLOCK {
-                Err("the view refused".into())
+                Err(io::Error::other("the view refused"))
             } else {
                 buf.fill(1);
                 Ok(())

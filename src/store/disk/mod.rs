@@ -126,8 +126,12 @@ impl std::fmt::Debug for DiskCache {
     }
 }
 
-fn io_err(path: &Path, e: impl std::fmt::Display) -> String {
-    format!("{}: {e}", path.display())
+/// Why a cache directory cannot be used read-write (then it is read-only or disabled).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+struct Unusable {
+    path: PathBuf,
+    source: io::Error,
 }
 
 /// Create `dir`, and any missing parent, with mode 0700 whatever the umask: the cache's
@@ -190,23 +194,23 @@ impl DiskCache {
         c
     }
 
-    fn prepare(&mut self) -> Result<(), String> {
+    fn prepare(&mut self) -> Result<(), Unusable> {
         let dir = self.cfg.dir.clone();
+        let create = |path: PathBuf| create_private_dir(&path).map_err(|source| Unusable { path, source });
         for sub in ["entries", "tmp"] {
-            create_private_dir(&dir.join(sub)).map_err(|e| io_err(&dir.join(sub), e))?;
+            create(dir.join(sub))?;
         }
         for i in 0..=255u8 {
-            let shard = dir.join("entries").join(format!("{i:02x}"));
-            create_private_dir(&shard).map_err(|e| io_err(&shard, e))?;
+            create(dir.join("entries").join(format!("{i:02x}")))?;
         }
-        let open = |name: &str| -> Result<File, String> {
-            let p = dir.join(name);
-            let created = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&p).and_then(private_file);
+        let open = |name: &str| -> Result<File, Unusable> {
+            let path = dir.join(name);
+            let created = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).and_then(private_file);
             match created {
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => OpenOptions::new().read(true).write(true).open(&p),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => OpenOptions::new().read(true).write(true).open(&path),
                 other => other,
             }
-            .map_err(|e| io_err(&p, e))
+            .map_err(|source| Unusable { path, source })
         };
         self.usage = Some(Mutex::new(open("usage")?));
         self.evict_lock = Some(Mutex::new(open("evict.lock")?));
@@ -601,7 +605,7 @@ mod tests {
                 assert!(c.put(&key(1), &payload(1, 1000)));
                 assert!(c.put_file(&key(2), 3 << 20, &mut |_, buf| {
                     buf.fill(7);
-                    Ok(())
+                    Ok::<_, io::Error>(())
                 }));
             }
             "writer" => {

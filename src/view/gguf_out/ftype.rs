@@ -134,17 +134,28 @@ impl Ftype {
     }
 
     /// For option parsing: an offered file type by name (any case) or number.
-    pub fn parse(s: &str) -> Result<Ftype, String> {
+    pub fn parse(s: &str) -> Result<Ftype, FtypeError> {
         let found = TABLE
             .iter()
             .find(|r| r.2.eq_ignore_ascii_case(s) || s.parse::<u32>().ok() == Some(r.1) || (s.eq_ignore_ascii_case("ALL_F32") && r.0 == Ftype::ALL_F32));
         let offered = || Ftype::OFFERED.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
         match found {
             Some(r) if Ftype::OFFERED.contains(&r.0) => Ok(r.0),
-            Some(r) => Err(format!("file type {} is not offered by the gguf view: {}", r.2, offered())),
-            None => Err(format!("{s:?} is not a llama.cpp file type: {}", offered())),
+            Some(r) => Err(FtypeError::NotOffered { name: r.2, offered: offered() }),
+            None => Err(FtypeError::Unknown { given: s.to_string(), offered: offered() }),
         }
     }
+}
+
+/// Why [`Ftype::parse`] refuses a value; `offered` lists the file types the view offers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FtypeError {
+    /// A llama.cpp file type the gguf view does not offer.
+    #[error("file type {name} is not offered by the gguf view: {offered}")]
+    NotOffered { name: &'static str, offered: String },
+    /// Not a llama.cpp file type's name or number.
+    #[error("{given:?} is not a llama.cpp file type: {offered}")]
+    Unknown { given: String, offered: String },
 }
 
 #[cfg(test)]
@@ -158,9 +169,10 @@ mod tests {
         assert_eq!(Ftype::Q8_0.number(), 7);
         assert_eq!(Ftype::Q4_K_M.default_type().unwrap().name, "Q4_K");
         assert_eq!(Ftype::IQ2_S.default_type().unwrap().name, "IQ2_XS");
-        assert!(Ftype::parse("IQ1_S").unwrap_err().contains("not offered"));
+        assert!(matches!(Ftype::parse("IQ1_S"), Err(FtypeError::NotOffered { name: "IQ1_S", .. })));
+        assert!(Ftype::parse("IQ1_S").unwrap_err().to_string().contains("not offered"));
         assert_eq!(Ftype::parse("iq2_xxs"), Ok(Ftype::IQ2_XXS));
-        assert!(Ftype::parse("Q9").unwrap_err().contains("not a llama.cpp file type"));
+        assert!(Ftype::parse("Q9").unwrap_err().to_string().contains("not a llama.cpp file type"));
         for f in Ftype::OFFERED {
             assert!(f.default_type().is_some(), "{f:?}");
         }

@@ -9,7 +9,7 @@
 //! copied `general.alignment`), each tensor's data padded with zeros to 32.
 
 use crate::codec::GgmlType;
-use crate::source::SourceFile;
+use crate::source::{SourceError, SourceFile};
 
 use super::types::{blk_layer, n_dims};
 
@@ -39,14 +39,30 @@ fn scalar_size(t: u32) -> Option<u64> {
     })
 }
 
+/// Why [`raw_kvs`] could not walk a header (validated when the source was opened: the file
+/// changed, or the two walks disagree).
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error(transparent)]
+    Read(#[from] SourceError),
+    #[error("header ends inside a KV")]
+    Truncated,
+    #[error("KV {key}: type {ty}")]
+    Type { key: String, ty: u32 },
+    #[error("KV {key}: array of type {ty}")]
+    ArrayType { key: String, ty: u32 },
+    #[error("array size overflows")]
+    ArraySize,
+}
+
 /// Every KV of a GGUF file's header, in order, as raw bytes. The header was validated when
 /// the source was opened; this walks it again, keeping the bytes.
-pub fn raw_kvs(file: &SourceFile, header_len: u64) -> Result<Vec<RawKv>, String> {
+pub fn raw_kvs(file: &SourceFile, header_len: u64) -> Result<Vec<RawKv>, KvError> {
     let mut buf = vec![0u8; header_len as usize];
-    file.read_exact_at(&mut buf, 0).map_err(|e| e.to_string())?;
+    file.read_exact_at(&mut buf, 0)?;
     let mut pos = 0usize;
-    let take = |pos: &mut usize, n: u64| -> Result<std::ops::Range<usize>, String> {
-        let end = (*pos as u64).checked_add(n).filter(|&e| e <= buf.len() as u64).ok_or("header ends inside a KV")?;
+    let take = |pos: &mut usize, n: u64| -> Result<std::ops::Range<usize>, KvError> {
+        let end = (*pos as u64).checked_add(n).filter(|&e| e <= buf.len() as u64).ok_or(KvError::Truncated)?;
         let r = *pos..end as usize;
         *pos = end as usize;
         Ok(r)
@@ -62,14 +78,14 @@ pub fn raw_kvs(file: &SourceFile, header_len: u64) -> Result<Vec<RawKv>, String>
         let klen = u64_at(take(&mut pos, 8)?);
         let key = String::from_utf8_lossy(&buf[take(&mut pos, klen)?]).into_owned();
         let t = u32_at(take(&mut pos, 4)?);
-        let skip_value = |pos: &mut usize, t: u32| -> Result<(), String> {
+        let skip_value = |pos: &mut usize, t: u32| -> Result<(), KvError> {
             match t {
                 GGUF_TYPE_STRING => {
                     let n = u64_at(take(pos, 8)?);
                     take(pos, n)?;
                 }
                 _ => {
-                    take(pos, scalar_size(t).ok_or_else(|| format!("KV {key}: type {t}"))?)?;
+                    take(pos, scalar_size(t).ok_or_else(|| KvError::Type { key: key.clone(), ty: t })?)?;
                 }
             }
             Ok(())
@@ -82,8 +98,8 @@ pub fn raw_kvs(file: &SourceFile, header_len: u64) -> Result<Vec<RawKv>, String>
                     skip_value(&mut pos, et)?;
                 }
             } else {
-                let size = scalar_size(et).ok_or_else(|| format!("KV {key}: array of type {et}"))?;
-                take(&mut pos, n.checked_mul(size).ok_or("array size overflows")?)?;
+                let size = scalar_size(et).ok_or_else(|| KvError::ArrayType { key: key.clone(), ty: et })?;
+                take(&mut pos, n.checked_mul(size).ok_or(KvError::ArraySize)?)?;
             }
         } else {
             skip_value(&mut pos, t)?;

@@ -91,6 +91,9 @@ pub enum Refusal {
     ImatrixSize { file: String, tensor: String, got: usize, want: u64, imatrix: String },
     #[error("{imatrix}: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, imatrix.chunk_size), which llama-quantize requires")]
     ImatrixMetadata { imatrix: String },
+    /// The header of the first file could not be walked again for its KVs.
+    #[error("{file}: {source}")]
+    Header { file: String, source: layout::KvError },
 }
 
 impl From<Refusal> for ViewError {
@@ -298,7 +301,7 @@ pub fn build_file(
 
     let first_file = source.files.first().ok_or_else(|| Refusal::NotGguf { file: file() })?;
     let header_len = meta.headers.first().map_or(0, |h| h.data_offset);
-    let kvs = layout::raw_kvs(first_file, header_len).map_err(|e| ViewError::layout(VIEW, format!("{}: {e}", file())))?;
+    let kvs = layout::raw_kvs(first_file, header_len).map_err(|source| Refusal::Header { file: file(), source })?;
     let mut kvs = layout::output_kvs(kvs, ftype.number());
     if let Some((m, given)) = imatrix {
         for kv in imatrix_kvs(m, given) {

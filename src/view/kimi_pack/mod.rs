@@ -98,9 +98,10 @@ impl super::View for KimiPackView {
             }
             let manifest_name = format!("{name}.manifest.json");
             let manifest = if written.contains_key(&manifest_name) { Some(super::derived::read_json(out, &manifest_name)?) } else { None };
-            validate::verify_written(&out.join(name), source, sha, manifest.as_ref()).map_err(|rule| ViewError::Verify { file: name.clone(), rule })?;
+            validate::verify_written(&out.join(name), source, sha, manifest.as_ref())
+                .map_err(|e| ViewError::Verify { file: name.clone(), rule: e.to_string() })?;
             if manifest.as_ref().is_some_and(|m| m["source"]["summary"]["full_source_hashes"] == true) {
-                verify_stated(source).map_err(|rule| ViewError::Verify { file: manifest_name, rule })?;
+                verify_stated(source).map_err(|e| ViewError::Verify { file: manifest_name, rule: e.to_string() })?;
             }
         }
         Ok(())
@@ -111,7 +112,7 @@ impl super::View for KimiPackView {
 /// oids, [`digest::files_sha256`]) checked against the bytes: `materialize --verify` vouches
 /// for what it wrote, not for the store's word. (Digests from a digest pass were hashed from
 /// the bytes already, and are checked against the statement there.)
-fn verify_stated(source: &Source) -> Result<(), String> {
+fn verify_stated(source: &Source) -> Result<(), Unvouched> {
     let stated: Vec<_> = source.files.iter().filter_map(|f| Some((f.path().to_path_buf(), f.stated_sha256()?.to_ascii_lowercase()))).collect();
     if stated.is_empty() {
         return Ok(());
@@ -121,11 +122,20 @@ fn verify_stated(source: &Source) -> Result<(), String> {
     for ((path, want), got) in paths.iter().zip(&expected).zip(hashed) {
         match got {
             Some(got) if &got == want => {}
-            Some(got) => return Err(format!("{}: the store states sha256 {want}, the bytes read hash to {got}", path.display())),
-            None => return Err(format!("{}: could not be read again to check the sha256 the store states", path.display())),
+            Some(got) => return Err(Unvouched::Differs { path: path.clone(), stated: want.clone(), actual: got }),
+            None => return Err(Unvouched::Unreadable(path.clone())),
         }
     }
     Ok(())
+}
+
+/// Why [`verify_stated`] does not vouch for the sha256 a store states for a shard.
+#[derive(Debug, thiserror::Error)]
+enum Unvouched {
+    #[error("{}: the store states sha256 {stated}, the bytes read hash to {actual}", path.display())]
+    Differs { path: PathBuf, stated: String, actual: String },
+    #[error("{}: could not be read again to check the sha256 the store states", .0.display())]
+    Unreadable(PathBuf),
 }
 
 /// What [`build`] takes: the options and where and for what the pack is built.
@@ -338,7 +348,7 @@ fn read_tokenizer(dir: &Path) -> Result<(PathBuf, Vec<TokenizerFile>), ViewError
         if !meta.is_file() {
             continue;
         }
-        let sha256 = super::kt_int8::validate::sha256_file(&p).map_err(err)?;
+        let sha256 = super::kt_int8::validate::sha256_file(&p).map_err(|e| err(e.to_string()))?;
         files.push(TokenizerFile { name, size: meta.len(), sha256, mtime_ns: mtime_ns(&meta) });
     }
     Ok((resolved, files))

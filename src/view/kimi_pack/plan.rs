@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::format::{ALIGNMENT, ARCHITECTURE, ENTRY_BYTES, HEADER_BYTES, Header, NAME_BYTES, Role, encode_entry};
 use crate::source::TensorInfo;
 use crate::source::gguf::{GgufFileHeader, MetaValue, split_parts};
+use crate::util::args::InvalidValue;
 
 /// Caps on what a header or config may make the planner allocate or iterate (the Kimi pack's
 /// own: the views' cap on expert indices in tensor names is [`crate::view::MAX_EXPERTS`]).
@@ -34,8 +35,8 @@ pub enum ModelCheck {
 
 impl ModelCheck {
     /// For option parsing: the mode named `s`, or the rule.
-    pub fn parse_option(s: &str) -> Result<ModelCheck, String> {
-        ModelCheck::parse(s).ok_or_else(|| format!("{s:?} is not audited or layout"))
+    pub fn parse_option(s: &str) -> Result<ModelCheck, InvalidValue> {
+        ModelCheck::parse(s).ok_or_else(|| InvalidValue::given(s, "is not audited or layout"))
     }
 
     pub fn parse(s: &str) -> Option<ModelCheck> {

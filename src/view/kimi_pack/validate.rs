@@ -7,26 +7,60 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::Plan;
 use super::format::{ALIGNMENT, ENTRY_BYTES, Entry, HEADER_BYTES, Header, MAGIC_NAME, Role, VERSION};
-use super::plan::{self, Key, PackSpec, expert_key};
-use crate::source::Source;
+use super::plan::{self, Key, KimiError, PackSpec, expert_key};
+use crate::source::{Source, SourceError};
 
 const CHUNK: u64 = 16 << 20;
+
+/// Why a pack on disk fails [`validate_pack`] or [`verify_written`].
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// The pack could not be resolved, opened or read.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The pack breaks one of `validate_ggml_moe_pack`'s rules (in its words).
+    #[error("{}: {rule}", path.display())]
+    Rule { path: PathBuf, rule: String },
+    /// The source could not be read, or the pack hashed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("the source is not a GGUF shard set")]
+    NotGguf,
+    #[error("not a GGUF tensor")]
+    NotGgufTensor,
+    /// The pack's plan could not be made from the dimensions the source or the manifest gives.
+    #[error(transparent)]
+    Plan(#[from] KimiError),
+    #[error("manifest model.{0} is not an integer")]
+    ManifestInteger(&'static str),
+    #[error("manifest model.active_moe_layer_ids is empty")]
+    NoActiveLayers,
+    #[error("manifest model.active_moe_layer_ids is not first_dense..num_hidden_layers")]
+    ActiveLayers,
+    /// The written pack's sha256 is not the manifest's (`declared`: its JSON value).
+    #[error("{} hashes to {actual}, the manifest's expert_pack.sha256 is {declared}", pack.display())]
+    Sha256 { pack: PathBuf, actual: String, declared: Value },
+    /// The manifest's `expert_pack` record differs from the pack's in these keys.
+    #[error("the manifest's expert_pack differs from the pack in {0:?}")]
+    Record(Vec<String>),
+}
 
 /// Check the pack at `path` against `plan` and the source, comparing the entries
 /// `payload_samples` picks with the source; `sha256` is the pack's digest when the caller
 /// has it already (else the file is hashed). Returns SGLang's result record.
-pub fn validate_pack(path: &Path, source: &Source, plan: &Plan, payload_samples: u64, sha256: Option<&str>) -> Result<Value, String> {
-    let path = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let fail = |what: String| format!("{}: {what}", path.display());
-    let file = std::fs::File::open(&path).map_err(|e| fail(e.to_string()))?;
-    let file_size = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+pub fn validate_pack(path: &Path, source: &Source, plan: &Plan, payload_samples: u64, sha256: Option<&str>) -> Result<Value, PackError> {
+    let path = std::fs::canonicalize(path).map_err(|source| PackError::Io { path: path.to_path_buf(), source })?;
+    let fail = |rule: String| PackError::Rule { path: path.clone(), rule };
+    let io = |source: std::io::Error| PackError::Io { path: path.clone(), source };
+    let file = std::fs::File::open(&path).map_err(io)?;
+    let file_size = file.metadata().map_err(io)?.len();
     let l = &plan.layout;
     let expected_count = l.index_count;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, &file);
@@ -114,8 +148,8 @@ pub fn validate_pack(path: &Path, source: &Source, plan: &Plan, payload_samples:
         let mut done = 0u64;
         while done < nbytes {
             let n = (nbytes - done).min(CHUNK) as usize;
-            src.read_exact_at(&mut a[..n], t.offset + expert * nbytes + done).map_err(|e| e.to_string())?;
-            file.read_exact_at(&mut b[..n], offset + done).map_err(|e| fail(e.to_string()))?;
+            src.read_exact_at(&mut a[..n], t.offset + expert * nbytes + done)?;
+            file.read_exact_at(&mut b[..n], offset + done).map_err(io)?;
             if a[..n] != b[..n] {
                 return Err(fail(format!("expert-pack payload does not match GGUF source for {name} expert {expert}")));
             }
@@ -129,7 +163,7 @@ pub fn validate_pack(path: &Path, source: &Source, plan: &Plan, payload_samples:
     let mut roles_v = serde_json::Map::new();
     for (li, role) in Role::ORDER.into_iter().enumerate() {
         let t = &source.tensors[plan.experts.layers[0][li]];
-        let g = t.dtype.ggml().ok_or("not a GGUF tensor")?;
+        let g = t.dtype.ggml().ok_or(PackError::NotGgufTensor)?;
         let (count, payload) = roles.get(&role).copied().unwrap_or_default();
         roles_v.insert(
             role.name().into(),
@@ -160,11 +194,11 @@ pub fn validate_pack(path: &Path, source: &Source, plan: &Plan, payload_samples:
     }))
 }
 
-fn spec_from_manifest(model: &Value) -> Result<PackSpec, String> {
-    let int = |k: &str| model[k].as_u64().ok_or_else(|| format!("manifest model.{k} is not an integer"));
+fn spec_from_manifest(model: &Value) -> Result<PackSpec, PackError> {
+    let int = |k: &'static str| model[k].as_u64().ok_or(PackError::ManifestInteger(k));
     let spec = PackSpec {
         num_hidden_layers: int("num_hidden_layers")?,
-        first_dense: model["active_moe_layer_ids"][0].as_u64().ok_or("manifest model.active_moe_layer_ids is empty")?,
+        first_dense: model["active_moe_layer_ids"][0].as_u64().ok_or(PackError::NoActiveLayers)?,
         num_experts: int("num_experts")?,
         expert_hidden: int("routed_expert_hidden_size")?,
         intermediate: int("moe_intermediate_size")?,
@@ -172,7 +206,7 @@ fn spec_from_manifest(model: &Value) -> Result<PackSpec, String> {
     };
     let listed: Vec<Option<u64>> = model["active_moe_layer_ids"].as_array().into_iter().flatten().map(Value::as_u64).collect();
     if listed != spec.active_layers().map(Some).collect::<Vec<_>>() {
-        return Err("manifest model.active_moe_layer_ids is not first_dense..num_hidden_layers".into());
+        return Err(PackError::ActiveLayers);
     }
     Ok(spec)
 }
@@ -180,20 +214,20 @@ fn spec_from_manifest(model: &Value) -> Result<PackSpec, String> {
 /// `--verify` of a materialized Kimi pack: [`validate_pack`] with the written pack's digest
 /// (re-hashed from disk by the caller), against the source; with a manifest, the plan is
 /// the manifest's model and its `expert_pack` must equal the result.
-pub fn verify_written(pack: &Path, source: &Source, pack_sha256: &str, manifest: Option<&Value>) -> Result<(), String> {
+pub fn verify_written(pack: &Path, source: &Source, pack_sha256: &str, manifest: Option<&Value>) -> Result<(), PackError> {
     let shards = source.files.iter().map(|f| f.path().to_path_buf()).collect::<Vec<_>>();
-    let meta = source.gguf().ok_or("the source is not a GGUF shard set")?;
+    let meta = source.gguf().ok_or(PackError::NotGguf)?;
     let spec = match manifest {
         Some(m) => spec_from_manifest(&m["model"])?,
-        None => PackSpec::from_gguf(meta.metadata(), &source.tensors, &shards).map_err(|e| e.to_string())?,
+        None => PackSpec::from_gguf(meta.metadata(), &source.tensors, &shards)?,
     };
-    let plan = Plan::with_spec(source, shards, spec, None, String::new()).map_err(|e| e.to_string())?;
+    let plan = Plan::with_spec(source, shards, spec, None, String::new())?;
     let samples = manifest.and_then(|m| m["verification"]["payload_samples"].as_u64()).unwrap_or(6);
     let result = validate_pack(pack, source, &plan, samples, Some(pack_sha256))?;
     if let Some(m) = manifest {
         let declared = &m["expert_pack"];
         if declared.get("sha256").is_some_and(|s| s != pack_sha256) {
-            return Err(format!("{} hashes to {pack_sha256}, the manifest's expert_pack.sha256 is {}", pack.display(), declared["sha256"]));
+            return Err(PackError::Sha256 { pack: pack.to_path_buf(), actual: pack_sha256.to_string(), declared: declared["sha256"].clone() });
         }
         let mut declared = declared.clone();
         let mut result = result;
@@ -203,9 +237,9 @@ pub fn verify_written(pack: &Path, source: &Source, pack_sha256: &str, manifest:
             result["full_pack_hash"] = false.into();
         }
         if let (Some(d), Some(r)) = (declared.as_object_mut(), result.as_object()) {
-            let differ: Vec<&String> = r.keys().filter(|k| d.get(*k) != r.get(*k)).chain(d.keys().filter(|k| !r.contains_key(*k))).collect();
+            let differ: Vec<String> = r.keys().filter(|k| d.get(*k) != r.get(*k)).chain(d.keys().filter(|k| !r.contains_key(*k))).cloned().collect();
             if !differ.is_empty() {
-                return Err(format!("the manifest's expert_pack differs from the pack in {differ:?}"));
+                return Err(PackError::Record(differ));
             }
         }
     }
@@ -224,6 +258,7 @@ mod tests {
         assert_eq!((s.active_layers(), s.num_experts, s.top_k), (1..4, 8, Some(2)));
         let mut bad = m.clone();
         bad["active_moe_layer_ids"] = json!([1, 3]);
-        assert!(spec_from_manifest(&bad).unwrap_err().contains("active_moe_layer_ids"));
+        assert!(matches!(spec_from_manifest(&bad), Err(PackError::ActiveLayers)));
+        assert!(spec_from_manifest(&bad).unwrap_err().to_string().contains("active_moe_layer_ids"));
     }
 }

@@ -155,8 +155,8 @@ struct Found {
     experts: u64,
 }
 
-fn name_index(name: &str, what: &str, v: &str, max: u64) -> Result<u64, ViewError> {
-    super::name_index(name, what, v, max).map_err(err)
+fn name_index(name: &str, what: &'static str, v: &str, max: u64) -> Result<u64, ViewError> {
+    super::name_index(name, what, v, max).map_err(|e| err(e.to_string()))
 }
 
 /// The index of the first NaN or infinity in `v`, on all cores: each piece is checked by a

@@ -64,14 +64,42 @@ pub struct Validated {
     pub files: Vec<String>,
 }
 
-type R<T> = Result<T, String>;
+type R<T> = Result<T, Fault>;
 
-/// A tree that breaks one of the validator's rules; `rule` is the seed's message.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("invalid INT8 tree {}: {rule}", root.display())]
+/// A tree that breaks one of the validator's rules, or could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid INT8 tree {}: {fault}", root.display())]
 pub struct InvalidTree {
     pub root: PathBuf,
-    pub rule: String,
+    #[source]
+    pub fault: Fault,
+}
+
+/// Why a tree is refused (before [`InvalidTree`] names its root).
+#[derive(Debug, thiserror::Error)]
+pub enum Fault {
+    /// One of the seed's rules, in its words.
+    #[error("{0}")]
+    Rule(String),
+    /// The root, a directory or a file of the tree could not be resolved, listed or read.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The manifest could not be read or parsed.
+    #[error("cannot read INT8 manifest {}: {source}", path.display())]
+    Manifest { path: PathBuf, source: Box<dyn std::error::Error + Send + Sync> },
+}
+
+/// A rule's message is the rule (the seed's text).
+impl From<String> for Fault {
+    fn from(rule: String) -> Self {
+        Fault::Rule(rule)
+    }
+}
+
+impl From<&str> for Fault {
+    fn from(rule: &str) -> Self {
+        Fault::Rule(rule.to_string())
+    }
 }
 
 /// A JSON integer that is not a bool (Python's `isinstance(v, int) and not bool`).
@@ -80,11 +108,11 @@ fn as_int(v: Option<&Value>) -> Option<i64> {
 }
 
 fn positive_int(v: Option<&Value>, name: &str) -> R<i64> {
-    as_int(v).filter(|&x| x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer"))
+    as_int(v).filter(|&x| x > 0).ok_or_else(|| Fault::Rule(format!("INT8 manifest {name} must be a positive integer")))
 }
 
 fn nonnegative_int(v: Option<&Value>, name: &str) -> R<i64> {
-    as_int(v).filter(|&x| x >= 0).ok_or_else(|| format!("INT8 manifest {name} must be a non-negative integer"))
+    as_int(v).filter(|&x| x >= 0).ok_or_else(|| Fault::Rule(format!("INT8 manifest {name} must be a non-negative integer")))
 }
 
 fn py_repr(v: Option<&Value>) -> String {
@@ -125,7 +153,7 @@ fn resolve_root(root: &Path) -> R<PathBuf> {
         // A URL is absolute and has no symlinks to resolve. The root is listed once now: what
         // is looked up in it below is then answered from that listing, not asked one by one.
         if entry_kind(root) != Some(EntryKind::Dir) || list_entries(root).is_err() {
-            return Err(format!("persistent INT8 weight root must be a directory: {}", root.display()));
+            return Err(format!("persistent INT8 weight root must be a directory: {}", root.display()).into());
         }
         return Ok(root.to_path_buf());
     }
@@ -133,11 +161,11 @@ fn resolve_root(root: &Path) -> R<PathBuf> {
         return Err("persistent INT8 weight root must be an absolute path".into());
     }
     if is_symlink(root) {
-        return Err(format!("persistent INT8 weight root must not be a symlink: {}", root.display()));
+        return Err(format!("persistent INT8 weight root must not be a symlink: {}", root.display()).into());
     }
-    let resolved = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let resolved = std::fs::canonicalize(root).map_err(|source| SourceError::Io { path: root.to_path_buf(), source })?;
     if !resolved.is_dir() {
-        return Err(format!("persistent INT8 weight root must be a directory: {}", resolved.display()));
+        return Err(format!("persistent INT8 weight root must be a directory: {}", resolved.display()).into());
     }
     Ok(resolved)
 }
@@ -147,7 +175,9 @@ fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64
     if candidates.len() != 1 {
         let names: Vec<String> = candidates.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
         let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
-        return Err(format!("persistent INT8 weight root requires exactly one manifest ({MANIFEST_NAME} or legacy {LEGACY_MANIFEST_NAME}); found {names}"));
+        return Err(
+            format!("persistent INT8 weight root requires exactly one manifest ({MANIFEST_NAME} or legacy {LEGACY_MANIFEST_NAME}); found {names}").into()
+        );
     }
     let path = candidates.into_iter().next().unwrap_or_default();
     // Checked before anything opens it: a FIFO here must not block.
@@ -157,42 +187,43 @@ fn load_manifest(root: &Path) -> R<(PathBuf, serde_json::Map<String, Value>, i64
         _ => false,
     };
     if !regular {
-        return Err(format!("INT8 manifest must be a regular file: {}", path.display()));
+        return Err(format!("INT8 manifest must be a regular file: {}", path.display()).into());
     }
+    let unreadable = |source: Box<dyn std::error::Error + Send + Sync>| Fault::Manifest { path: path.clone(), source };
     let manifest = json::read_capped(&path, MAX_MANIFEST_BYTES, MAX_MANIFEST_VALUES).map_err(|e| match e {
-        JsonError::Source(SourceError::NotRegular { .. }) => format!("INT8 manifest must be a regular file: {}", path.display()),
-        JsonError::Source(SourceError::Io { source, .. }) => format!("cannot read INT8 manifest {}: {source}", path.display()),
-        JsonError::Source(e) => format!("cannot read INT8 manifest {}: {e}", path.display()),
-        JsonError::TooLarge { len, cap } => format!("INT8 manifest {} is {len} bytes, over the cap of {cap}", path.display()),
-        JsonError::TooManyValues { cap } => format!("INT8 manifest {} holds more than {cap} JSON values (the cap)", path.display()),
-        JsonError::NotUtf8(e) => format!("cannot read INT8 manifest {}: {e}", path.display()),
-        JsonError::Syntax(e) => format!("cannot read INT8 manifest {}: {e}", path.display()),
+        JsonError::Source(SourceError::NotRegular { .. }) => format!("INT8 manifest must be a regular file: {}", path.display()).into(),
+        JsonError::Source(SourceError::Io { source, .. }) => unreadable(Box::new(source)),
+        JsonError::Source(e) => unreadable(Box::new(e)),
+        JsonError::TooLarge { len, cap } => format!("INT8 manifest {} is {len} bytes, over the cap of {cap}", path.display()).into(),
+        JsonError::TooManyValues { cap } => format!("INT8 manifest {} holds more than {cap} JSON values (the cap)", path.display()).into(),
+        JsonError::NotUtf8(e) => unreadable(Box::new(e)),
+        JsonError::Syntax(e) => unreadable(Box::new(e)),
     })?;
     let Value::Object(manifest) = manifest else { return Err("INT8 manifest root must be a JSON object".into()) };
     let schema = as_int(manifest.get("schema_version")).filter(|v| *v == 1 || *v == SCHEMA_VERSION);
     let Some(schema) = schema else {
-        return Err(format!("unsupported INT8 manifest schema_version {}; supported=[1, 2]", py_repr(manifest.get("schema_version"))));
+        return Err(format!("unsupported INT8 manifest schema_version {}; supported=[1, 2]", py_repr(manifest.get("schema_version"))).into());
     };
     let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
     if schema == 1 && name != LEGACY_MANIFEST_NAME {
-        return Err(format!("schema-1 INT8 manifests must use {LEGACY_MANIFEST_NAME}"));
+        return Err(format!("schema-1 INT8 manifests must use {LEGACY_MANIFEST_NAME}").into());
     }
     if schema == SCHEMA_VERSION && name != MANIFEST_NAME {
-        return Err(format!("schema-{SCHEMA_VERSION} INT8 manifests must use {MANIFEST_NAME}"));
+        return Err(format!("schema-{SCHEMA_VERSION} INT8 manifests must use {MANIFEST_NAME}").into());
     }
     Ok((path, manifest, schema))
 }
 
 /// The sha256 of a whole file (local or remote), read in 8 MiB pieces.
-pub fn sha256_file(path: &Path) -> R<String> {
-    let f = SourceFile::open(path).map_err(|e| e.to_string())?;
+pub fn sha256_file(path: &Path) -> Result<String, SourceError> {
+    let f = SourceFile::open(path)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 8 << 20];
     let mut at = 0u64;
     while at < f.size() {
         let n = (f.size() - at).min(buf.len() as u64) as usize;
         let piece = buf.get_mut(..n).unwrap_or_default();
-        f.read_exact_at(piece, at).map_err(|e| e.to_string())?;
+        f.read_exact_at(piece, at)?;
         h.update(&*piece);
         at += n as u64;
     }
@@ -236,20 +267,20 @@ fn validate_layer(
     let Value::Object(layer) = layer else { return Err("INT8 manifest layer entries must be JSON objects".into()) };
     let idx = nonnegative_int(layer.get("index"), "layer.index")?;
     if layer.get("state").and_then(Value::as_str) != Some("ready") {
-        return Err(format!("persistent INT8 layer {idx} must be in state 'ready'"));
+        return Err(format!("persistent INT8 layer {idx} must be in state 'ready'").into());
     }
     let numa_count = positive_int(layer.get("numa_count"), &format!("layer[{idx}].numa_count"))?;
     if numa_count != numa {
-        return Err(format!("persistent INT8 layer {idx} NUMA count mismatch: expected {numa}, got {numa_count}"));
+        return Err(format!("persistent INT8 layer {idx} NUMA count mismatch: expected {numa}, got {numa_count}").into());
     }
     let layer_dir = root.join(format!("_layer_{idx}"));
     if entry_kind(&layer_dir) != Some(EntryKind::Dir) {
-        return Err(format!("missing or unsafe persistent INT8 layer directory: {}", layer_dir.display()));
+        return Err(format!("missing or unsafe persistent INT8 layer directory: {}", layer_dir.display()).into());
     }
     let expected_numa: BTreeSet<String> = (0..numa).map(|i| format!("_numa_{i}")).collect();
-    let entries = list_entries(&layer_dir).map_err(|e| e.to_string())?;
+    let entries = list_entries(&layer_dir)?;
     if entries.iter().any(|(_, k)| *k != EntryKind::Dir) {
-        return Err(format!("persistent INT8 layer {idx} contains entries outside NUMA directories"));
+        return Err(format!("persistent INT8 layer {idx} contains entries outside NUMA directories").into());
     }
     let actual_numa: BTreeSet<String> = entries.into_iter().map(|(n, _)| n).collect();
     if actual_numa != expected_numa {
@@ -258,14 +289,15 @@ fn validate_layer(
             expected_numa.iter().collect::<Vec<_>>(),
             actual_numa.iter().collect::<Vec<_>>()
         )
-        .replace('"', "'"));
+        .replace('"', "'")
+        .into());
     }
     let mut actual_sizes: HashMap<String, u64> = HashMap::new();
     for i in 0..numa {
         let numa_dir = layer_dir.join(format!("_numa_{i}"));
-        for (name, kind) in list_entries(&numa_dir).map_err(|e| e.to_string())? {
+        for (name, kind) in list_entries(&numa_dir)? {
             let EntryKind::File { size } = kind else {
-                return Err(format!("unexpected non-regular persistent INT8 entry: {}", numa_dir.join(&name).display()));
+                return Err(format!("unexpected non-regular persistent INT8 entry: {}", numa_dir.join(&name).display()).into());
             };
             actual_sizes.insert(format!("_layer_{idx}/_numa_{i}/{name}"), size);
         }
@@ -276,53 +308,53 @@ fn validate_layer(
         .ok_or_else(|| format!("persistent INT8 layer {idx}: threadpool_count {numa} x expert_num {experts} x 6 files overflows"))?;
     let files = match layer.get("files") {
         Some(Value::Array(f)) if f.len() as i64 == expected_count => f,
-        _ => return Err(format!("persistent INT8 layer {idx} must list exactly {expected_count} files")),
+        _ => return Err(format!("persistent INT8 layer {idx} must list exactly {expected_count} files").into()),
     };
     let mut seen_paths: HashSet<String> = HashSet::new();
     let mut seen_ids: HashSet<(i64, String, u64, String)> = HashSet::new();
     let mut actual_size = 0u64;
     for item in files {
-        let Value::Object(item) = item else { return Err(format!("persistent INT8 layer {idx} has a non-object file entry")) };
+        let Value::Object(item) = item else { return Err(format!("persistent INT8 layer {idx} has a non-object file entry").into()) };
         let rel = match item.get("path") {
             Some(Value::String(s)) if !seen_paths.contains(s) => s.clone(),
-            _ => return Err(format!("persistent INT8 layer {idx} has an invalid or duplicate path")),
+            _ => return Err(format!("persistent INT8 layer {idx} has an invalid or duplicate path").into()),
         };
         seen_paths.insert(rel.clone());
         let parts = path_parts(&rel);
         if Path::new(&rel).is_absolute() || parts.iter().any(|p| p == "..") {
-            return Err(format!("unsafe INT8 manifest path: '{rel}'"));
+            return Err(format!("unsafe INT8 manifest path: '{rel}'").into());
         }
         let [layer_dir, numa_dir, file_name] = parts.as_slice() else {
-            return Err(format!("unexpected INT8 manifest path depth: '{rel}'"));
+            return Err(format!("unexpected INT8 manifest path depth: '{rel}'").into());
         };
         if *layer_dir != format!("_layer_{idx}") {
-            return Err(format!("INT8 manifest path is outside layer {idx}: '{rel}'"));
+            return Err(format!("INT8 manifest path is outside layer {idx}: '{rel}'").into());
         }
         let numa_idx: i64 = match numa_dir.strip_prefix("_numa_").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) {
             Some(d) => d.parse().map_err(|_| format!("invalid INT8 NUMA path: '{rel}'"))?,
-            None => return Err(format!("invalid INT8 NUMA path: '{rel}'")),
+            None => return Err(format!("invalid INT8 NUMA path: '{rel}'").into()),
         };
         if !(0..numa).contains(&numa_idx) {
-            return Err(format!("out-of-range INT8 NUMA index in '{rel}'"));
+            return Err(format!("out-of-range INT8 NUMA index in '{rel}'").into());
         }
         let Some((proj, expert, encoded, kind)) = parse_kt_name(file_name) else {
-            return Err(format!("unexpected INT8 .kt filename: {file_name}"));
+            return Err(format!("unexpected INT8 .kt filename: {file_name}").into());
         };
         if expert as i64 >= experts {
-            return Err(format!("layer {idx} has out-of-range expert {expert}"));
+            return Err(format!("layer {idx} has out-of-range expert {expert}").into());
         }
         let id = (numa_idx, proj.to_string(), expert, kind.to_string());
         if !seen_ids.insert(id.clone()) {
-            return Err(format!("layer {idx} has duplicate INT8 file identity ({numa_idx}, '{proj}', {expert}, '{kind}')"));
+            return Err(format!("layer {idx} has duplicate INT8 file identity ({numa_idx}, '{proj}', {expert}, '{kind}')").into());
         }
         let absolute = root.join(&rel);
         let key = parts.join("/");
         let Some(&observed) = actual_sizes.get(&key) else {
-            return Err(format!("missing or unsafe INT8 manifest file: {}", absolute.display()));
+            return Err(format!("missing or unsafe INT8 manifest file: {}", absolute.display()).into());
         };
         let readable = if is_remote(&absolute) { crate::source::check_file(&absolute).is_ok() } else { crate::source::open_regular(&absolute).is_ok() };
         if !readable {
-            return Err(format!("INT8 weight file is not readable: {}", absolute.display()));
+            return Err(format!("INT8 weight file is not readable: {}", absolute.display()).into());
         }
         let declared = positive_int(item.get("size_bytes"), &format!("{rel}.size_bytes"))? as u64;
         let per_numa = (inter / numa) as u64;
@@ -334,10 +366,10 @@ fn validate_layer(
         }
         .ok_or_else(|| format!("INT8 size contract for {rel} overflows 64 bits (hidden_size {hidden}, intermediate_size/threadpool_count {per_numa})"))?;
         if encoded != expected || declared != expected {
-            return Err(format!("INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}"));
+            return Err(format!("INT8 size contract mismatch for {rel}: expected {expected}, filename encodes {encoded}, manifest declares {declared}").into());
         }
         if observed != declared {
-            return Err(format!("INT8 manifest size mismatch for {}: expected {declared}, got {observed}", absolute.display()));
+            return Err(format!("INT8 manifest size mismatch for {}: expected {declared}, got {observed}", absolute.display()).into());
         }
         actual_size = actual_size.checked_add(observed).ok_or_else(|| format!("persistent INT8 layer {idx} byte total overflows"))?;
         validated.push(key);
@@ -345,12 +377,12 @@ fn validate_layer(
         if schema >= 2 {
             let ok = hash.and_then(Value::as_str).is_some_and(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
             if !ok {
-                return Err(format!("schema-{schema} INT8 file {rel} requires a lowercase SHA256 digest"));
+                return Err(format!("schema-{schema} INT8 file {rel} requires a lowercase SHA256 digest").into());
             }
         }
         if verify {
             let Some(expected_hash) = hash.and_then(Value::as_str) else {
-                return Err(format!("full hash verification is unavailable for legacy schema-1 file {rel}"));
+                return Err(format!("full hash verification is unavailable for legacy schema-1 file {rel}").into());
             };
             checks.push(HashCheck { path: absolute, expected: expected_hash.to_string() });
         }
@@ -370,24 +402,24 @@ fn validate_layer(
     if !missing.is_empty() {
         missing.sort();
         missing.truncate(3);
-        return Err(format!("persistent INT8 layer {idx} file inventory is incomplete; sample=[{}]", missing.join(", ")));
+        return Err(format!("persistent INT8 layer {idx} file inventory is incomplete; sample=[{}]", missing.join(", ")).into());
     }
     let actual_paths: BTreeSet<&String> = actual_sizes.keys().collect();
     let seen_norm: HashSet<String> = seen_paths.iter().map(|p| path_parts(p).join("/")).collect();
     if actual_paths.iter().any(|p| !seen_norm.contains(*p)) || seen_norm.iter().any(|p| !actual_sizes.contains_key(p)) {
         let extra: Vec<&&String> = actual_paths.iter().filter(|p| !seen_norm.contains(**p)).take(3).collect();
-        return Err(format!("persistent INT8 layer {idx} file set differs from manifest: extra={extra:?}, missing=[]").replace('"', "'"));
+        return Err(format!("persistent INT8 layer {idx} file set differs from manifest: extra={extra:?}, missing=[]").replace('"', "'").into());
     }
     let manifest_size = positive_int(layer.get("bytes"), &format!("layer[{idx}].bytes"))? as u64;
     if actual_size != manifest_size {
-        return Err(format!("persistent INT8 layer {idx} byte total mismatch: expected {manifest_size}, got {actual_size}"));
+        return Err(format!("persistent INT8 layer {idx} byte total mismatch: expected {manifest_size}, got {actual_size}").into());
     }
     Ok((files.len() as u64, actual_size))
 }
 
 /// Validate a tree. `verify_hashes: None` is the seed's "strongest the manifest supports".
 pub fn validate(root: &Path, expect: &Expect, verify_hashes: Option<bool>) -> Result<Validated, InvalidTree> {
-    validate_rules(root, expect, verify_hashes).map_err(|rule| InvalidTree { root: root.to_path_buf(), rule })
+    validate_rules(root, expect, verify_hashes).map_err(|fault| InvalidTree { root: root.to_path_buf(), fault })
 }
 
 /// A file whose sha256 the manifest declares, hashed after the structure is checked.
@@ -408,7 +440,7 @@ fn check_hashes(checks: &[HashCheck]) -> R<()> {
             None => sha256_file(&c.path)?,
         };
         if actual != c.expected {
-            return Err(format!("INT8 SHA256 mismatch for {}: expected {}, got {actual}", c.path.display(), c.expected));
+            return Err(format!("INT8 SHA256 mismatch for {}: expected {}, got {actual}", c.path.display(), c.expected).into());
         }
     }
     Ok(())
@@ -457,21 +489,21 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     );
     // A value given on the command line is the flag's; else it is the manifest's.
     let need = |v: Option<i64>, flag: Option<i64>, name: &str, flag_name: &str| match flag {
-        Some(f) if f <= 0 => Err(format!("--{flag_name} must be a positive integer, got {f}")),
-        _ => v.filter(|x| *x > 0).ok_or_else(|| format!("INT8 manifest {name} must be a positive integer")),
+        Some(f) if f <= 0 => Err(Fault::Rule(format!("--{flag_name} must be a positive integer, got {f}"))),
+        _ => v.filter(|x| *x > 0).ok_or_else(|| Fault::Rule(format!("INT8 manifest {name} must be a positive integer"))),
     };
     let numa = need(numa, expect.numa_count, "threadpool_count", "numa-count")?;
     let experts = need(experts, expect.expert_num, "expert_num", "expert-num")?;
     let hidden = need(hidden, expect.hidden_size, "hidden_size", "hidden-size")?;
     let inter = need(inter, expect.intermediate_size, "intermediate_size", "intermediate-size")?;
     if let Some(f) = expect.numa_count.filter(|&f| f > MAX_THREADPOOL_COUNT) {
-        return Err(format!("--numa-count {f} exceeds the cap of {MAX_THREADPOOL_COUNT}"));
+        return Err(format!("--numa-count {f} exceeds the cap of {MAX_THREADPOOL_COUNT}").into());
     }
     if numa > MAX_THREADPOOL_COUNT {
-        return Err(format!("INT8 manifest threadpool_count {numa} exceeds the cap of {MAX_THREADPOOL_COUNT}"));
+        return Err(format!("INT8 manifest threadpool_count {numa} exceeds the cap of {MAX_THREADPOOL_COUNT}").into());
     }
     if inter % numa != 0 {
-        return Err(format!("persistent INT8 intermediate_size must be divisible by threadpool_count: {inter} % {numa} != 0"));
+        return Err(format!("persistent INT8 intermediate_size must be divisible by threadpool_count: {inter} % {numa} != 0").into());
     }
     let expected_layers: Vec<i64> = layers.unwrap_or_default().into_iter().collect::<BTreeSet<_>>().into_iter().collect();
     if expected_layers.is_empty() || expected_layers.iter().any(|&i| i < 0) {
@@ -496,7 +528,7 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     ];
     for (k, v) in &expected_meta {
         if !py_eq(manifest.get(*k), v) {
-            return Err(format!("persistent INT8 manifest {k} mismatch: expected {}, got {}", py_repr(Some(v)), py_repr(manifest.get(*k))));
+            return Err(format!("persistent INT8 manifest {k} mismatch: expected {}, got {}", py_repr(Some(v)), py_repr(manifest.get(*k))).into());
         }
     }
     let backend_str = |v: Option<&Value>| -> String {
@@ -514,7 +546,7 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     } else {
         let layout = manifest.get("layout");
         if layout.and_then(Value::as_str) != Some(LAYOUT) {
-            return Err(format!("persistent INT8 manifest layout mismatch: expected '{LAYOUT}', got {}", py_repr(layout)));
+            return Err(format!("persistent INT8 manifest layout mismatch: expected '{LAYOUT}', got {}", py_repr(layout)).into());
         }
         if manifest.contains_key("backend") && !["auto", "int8"].contains(&backend_str(manifest.get("backend")).as_str()) {
             return Err("schema-2 INT8 manifest backend must be hardware-neutral ('INT8' or 'auto')".into());
@@ -538,7 +570,7 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     let mut sorted = actual_layers.clone();
     sorted.sort();
     if sorted != expected_layers {
-        return Err(format!("persistent INT8 layer set mismatch: expected {expected_layers:?}, got {sorted:?}"));
+        return Err(format!("persistent INT8 layer set mismatch: expected {expected_layers:?}, got {sorted:?}").into());
     }
     let (mut file_count, mut size_bytes) = (0u64, 0u64);
     let mut files = Vec::new();
@@ -549,11 +581,11 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     }
     let manifest_bytes = positive_int(manifest.get("bytes"), "bytes")? as u64;
     if size_bytes != manifest_bytes {
-        return Err(format!("persistent INT8 manifest byte total mismatch: expected {manifest_bytes}, got {size_bytes}"));
+        return Err(format!("persistent INT8 manifest byte total mismatch: expected {manifest_bytes}, got {size_bytes}").into());
     }
     let mut expected_root: BTreeSet<String> = expected_layers.iter().map(|i| format!("_layer_{i}")).collect();
     expected_root.insert(manifest_path.file_name().unwrap_or_default().to_string_lossy().into_owned());
-    let entries = list_entries(&resolved).map_err(|e| e.to_string())?;
+    let entries = list_entries(&resolved)?;
     if entries.iter().any(|(_, k)| *k == EntryKind::Symlink) {
         return Err("persistent INT8 root must not contain symlinks".into());
     }
@@ -561,7 +593,7 @@ fn validate_structure(root: &Path, expect: &Expect, verify_hashes: Option<bool>,
     if actual_root != expected_root {
         let extra: Vec<&String> = actual_root.difference(&expected_root).collect();
         let missing: Vec<&String> = expected_root.difference(&actual_root).collect();
-        return Err(format!("persistent INT8 root entries differ from its manifest: extra={extra:?}, missing={missing:?}").replace('"', "'"));
+        return Err(format!("persistent INT8 root entries differ from its manifest: extra={extra:?}, missing={missing:?}").replace('"', "'").into());
     }
     Ok(Validated { root: resolved, path: manifest_path, schema_version: schema, layout, layer_indices: expected_layers, file_count, size_bytes, files })
 }
