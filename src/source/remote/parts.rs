@@ -140,8 +140,11 @@ const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// yet are not kept for it ([`Parts::recycle`]).
 const STREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Streams kept per object (SGLang reads one object in 4 splits at once).
-const STREAMS_PER_OBJECT: usize = 8;
+/// Streams kept per object. A reader of a view file is several streams of its source
+/// object (the expert pack interleaves slices of a layer's gate, up and down tensors: three
+/// runs of the object read side by side), and SGLang reads one file in 4 splits at once: 12
+/// streams, which with 8 kept pushed each other out (72-106 window resets per pack read).
+const STREAMS_PER_OBJECT: usize = 32;
 /// How far back / forward of a stream's end a read still continues it.
 const BACK_TOLERANCE: u64 = 1 << 20;
 const FORWARD_TOLERANCE: u64 = 16 << 20;
