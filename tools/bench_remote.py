@@ -15,6 +15,24 @@ whole object per GET), uploads a MoE GGUF and a DeepSeek-V4.1-style safetensors 
               reading a local copy of the same pack on the same disk (page cache dropped too); the second mount's
               network bytes are reported (0 expected)
 
+With --peers (opt-in), each round also measures, in an order that alternates between rounds (and before or after
+the xpackfs pack read on alternate rounds):
+
+  mountpoint-s3   a cold `cat` of the GGUF itself through a `mount-s3` mount of the same bucket on the same server,
+                  against the baseline and against xpackfs's pack read (throughputs)
+  seed            what users do today: the first seed's build (tools/run_seed_expert_pack.py, which hashes the
+                  source and runs shared/seeds/sglang_expert_pack_build.py.txt) writing the expert pack to a local
+                  directory from the GGUF mounted with s3fs and with mount-s3, the whole build timed, against
+                  xpackfs's mount of `s3://` plus its `cat` of the pack (seconds)
+
+and the bytes the server sent in each of these measures and in the xpackfs pack read (an nftables counter on the
+server's port: IP packets, so about 0.1% of headers; `nft` needed, else the xpackfs figures come from stats.json
+alone). Peers that cannot be had are reported and skipped: `mount-s3` comes from --mount-s3, PATH or
+~/.cache/xpackfs/mountpoint-s3/bin (tools/install_mount_s3.py builds it there from a mountpoint-s3 checkout given
+as --mount-s3-src: crates.io has no crate with the binary); `s3fs` from PATH, else `apt-get install s3fs` is tried.
+mount-s3 runs with AWS_EC2_METADATA_DISABLED=true (no instance-metadata lookups), so at its default throughput
+target; s3fs with its defaults. Both mounts are read-only.
+
 Before every measure the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`) and the server's own files
 are read once again, so the server always serves from memory and only the reader side is cold. Mounts start
 with a digest store filled once before the rounds (`xpackfs digest`), so a mount reads headers only; the digest
@@ -26,6 +44,7 @@ view (it hashes the view once), all before the rounds.
 
     sudo python3 tools/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
         [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant]
+        [--peers [--mount-s3 PATH | --mount-s3-src CHECKOUT] [--seeds shared/seeds]]
 
 Needs root (drop_caches, FUSE), boto3, curl (else the Python client alone is the baseline) and `s3s-fs`
 (installed with `cargo install s3s-fs --version 0.14.1 --features binary --locked` into --s3s-target if it is
@@ -64,12 +83,16 @@ REGION = "us-east-1"
 
 _children: list[subprocess.Popen] = []
 _mounts: list[Path] = []
+_nft_tables: list[str] = []
 
 
 def cleanup() -> None:
     for m in reversed(_mounts):
         umount(m)
     _mounts.clear()
+    for t in _nft_tables:
+        subprocess.run(["nft", "delete", "table", "inet", t], stderr=subprocess.DEVNULL)
+    _nft_tables.clear()
     for p in reversed(_children):
         try:
             os.killpg(p.pid, signal.SIGTERM)
@@ -305,6 +328,144 @@ def view_files(mnt: Path, suffixes: tuple[str, ...]) -> list[Path]:
     return sorted(p for p in mnt.rglob("*") if p.is_file() and p.name.endswith(suffixes) and ".xpackfs" not in p.parts)
 
 
+# ---- peers (--peers) --------------------------------------------------------------------------------------------
+class PeerError(Exception):
+    """A peer's mount or read failed: reported, and that measure is left out of the round."""
+
+
+class ServerBytes:
+    """Bytes the server sends (IP packets from its port), from an nftables counter in a table of this process's
+    own, deleted at exit. `read()` is None when there is no counter."""
+
+    def __init__(self, port: int):
+        self.table = f"xpackfs_bench_{os.getpid()}"
+        self.ok = False
+        if not shutil.which("nft"):
+            log("no nft (apt-get install nftables): no server-side byte counts, only xpackfs's own stats.json")
+            return
+        cmds = [["add", "table", "inet", self.table],
+                ["add", "chain", "inet", self.table, "out", "{ type filter hook output priority 0; policy accept; }"],
+                ["add", "rule", "inet", self.table, "out", "tcp", "sport", str(port), "counter"]]
+        for i, c in enumerate(cmds):
+            r = subprocess.run(["nft"] + c, capture_output=True, text=True)
+            if r.returncode != 0:
+                log(f"nft {' '.join(c)}: {r.stderr.strip()}: no server-side byte counts")
+                if i:
+                    subprocess.run(["nft", "delete", "table", "inet", self.table], stderr=subprocess.DEVNULL)
+                return
+            if i == 0:
+                _nft_tables.append(self.table)
+        self.ok = True
+
+    def read(self) -> int | None:
+        if not self.ok:
+            return None
+        r = subprocess.run(["nft", "-j", "list", "chain", "inet", self.table, "out"], capture_output=True, text=True)
+        try:
+            for item in json.loads(r.stdout)["nftables"]:
+                for e in item.get("rule", {}).get("expr", []):
+                    if "counter" in e:
+                        return int(e["counter"]["bytes"])
+        except (ValueError, KeyError):
+            pass
+        return None
+
+
+def find_mount_s3(a) -> tuple[str | None, str]:
+    """(binary, its version) or (None, why not)."""
+    import install_mount_s3
+
+    root = Path(a.mount_s3_root)
+    exe = next((c for c in (a.mount_s3, shutil.which("mount-s3"), str(root / "bin/mount-s3")) if c and Path(c).exists()),
+               None)
+    if exe is None and a.mount_s3_src:
+        log(f"mount-s3 not found: building it from {a.mount_s3_src} (tools/install_mount_s3.py, "
+            f"{install_mount_s3.DEFAULT_REV}) into {root}")
+        try:
+            with tempfile.TemporaryDirectory(prefix="mount-s3-src-") as w:
+                exe = str(install_mount_s3.build(Path(a.mount_s3_src), a.mount_s3_rev, root,
+                                                 Path(a.mount_s3_target) if a.mount_s3_target else None, Path(w)))
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure: say so and skip the peer
+            return None, f"building mount-s3 from {a.mount_s3_src} failed: {e}"
+    if exe is None:
+        return None, (f"mount-s3 not found (--mount-s3, PATH, {root}/bin). crates.io has no crate that ships it "
+                      "(`mountpoint-s3` there is a 0.0.1 placeholder, `mountpoint-s3-fs` has no binary): build it "
+                      "with `python3 tools/install_mount_s3.py --src CHECKOUT` or give --mount-s3-src CHECKOUT")
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    missing = [f for f in ("--endpoint-url", "--force-path-style", "--region", "--read-only", "--foreground",
+                           "--log-directory") if f not in r.stdout]
+    if r.returncode != 0 or missing:
+        return None, f"{exe} --help: exit {r.returncode}, flags missing {missing}"
+    v = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+    return exe, v
+
+
+def find_s3fs() -> tuple[str | None, str]:
+    exe = shutil.which("s3fs")
+    if exe is None:
+        log("s3fs not found: apt-get install -y s3fs")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        cmd = ["apt-get", "install", "-y", "-q", "s3fs"]
+        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                return None, f"s3fs not found and `apt-get install s3fs` failed: {r.stderr.strip()[-300:]}"
+        exe = shutil.which("s3fs")
+        if exe is None:
+            return None, "s3fs not found after apt-get install s3fs"
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    return exe, (r.stdout.strip().splitlines() or ["s3fs"])[0]
+
+
+def peer_env() -> dict:
+    return dict(os.environ, AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION=REGION,
+                AWS_EC2_METADATA_DISABLED="true")
+
+
+def mount_peer(kind: str, exe: str, endpoint: str, mnt: Path, tmp: Path) -> tuple[float, subprocess.Popen]:
+    """Mount the bucket with `kind` (mount-s3 or s3fs) in the foreground, in a process group of its own; seconds
+    until the mount is listed, and the process."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    if is_mounted(mnt):
+        raise PeerError(f"{mnt} is still mounted")
+    if kind == "mount-s3":
+        cmd = [exe, BUCKET, str(mnt), "--endpoint-url", endpoint, "--force-path-style", "--region", REGION,
+               "--read-only", "--foreground", "--log-directory", str(tmp / "mount-s3-logs")]
+    else:
+        pw = tmp / "s3fs-passwd"
+        pw.write_text(f"{KEY_ID}:{SECRET}\n")
+        pw.chmod(0o600)
+        cmd = [exe, BUCKET, str(mnt), "-f", "-o", f"url={endpoint},use_path_request_style,passwd_file={pw},ro"]
+    logf = tmp / f"{kind}.log"
+    with open(logf, "ab") as out:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=peer_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    _children.append(p)
+    end = time.time() + 60
+    while not is_mounted(mnt):
+        if p.poll() is not None or time.time() > end:
+            stop_peer(mnt, p)
+            tail = logf.read_text(errors="replace")[-800:]
+            raise PeerError(f"{kind} did not mount (exit {p.returncode}): {tail}")
+        time.sleep(0.02)
+    dt = time.perf_counter() - t0
+    _mounts.append(mnt)
+    return dt, p
+
+
+def stop_peer(mnt: Path, p: subprocess.Popen) -> None:
+    unmount(mnt)
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(5)
+    if p in _children:
+        _children.remove(p)
+
+
 # ---- figures ----------------------------------------------------------------------------------------------------
 def summary(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
@@ -330,6 +491,17 @@ def main() -> int:
     ap.add_argument("--mount-opts", default="", help="more -o options of the xpackfs mounts (e.g. remote_concurrency=32)")
     ap.add_argument("--requant-shape", default="2048,1024,8,2", help="hidden,inter,experts,layers of the V4.1 checkpoint")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    ap.add_argument("--peers", action="store_true",
+                    help="also measure mountpoint-s3 and s3fs (a cat of the GGUF, the first seed's build over them)")
+    ap.add_argument("--mount-s3", default=None, help="the mount-s3 binary (default: PATH, --mount-s3-root/bin)")
+    ap.add_argument("--mount-s3-root", default=str(Path.home() / ".cache/xpackfs/mountpoint-s3"),
+                    help="cargo install root of mount-s3")
+    ap.add_argument("--mount-s3-src", default=None,
+                    help="a mountpoint-s3 checkout (or git dir) to build mount-s3 from when it is not installed")
+    ap.add_argument("--mount-s3-rev", default="v1.23.0", help="the tag of --mount-s3-src to build")
+    ap.add_argument("--mount-s3-target", default=None, help="CARGO_TARGET_DIR for building mount-s3")
+    ap.add_argument("--seeds", type=Path, default=REPO.parent / "shared" / "seeds",
+                    help="the seeds directory (sglang_expert_pack_build.py.txt) for the seed builds of --peers")
     a = ap.parse_args()
     if os.geteuid() != 0 or not Path("/dev/fuse").exists():
         raise SystemExit("needs root and /dev/fuse (drop_caches, FUSE mounts)")
@@ -353,10 +525,23 @@ def main() -> int:
             subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(v41), "--variant", "v41",
                             "--hidden", h, "--inter", i, "--experts", e, "--layers", layers], check=True)
     exe = s3s_binary(a)
+    peers: dict[str, dict] = {}  # kind -> {"exe", "version"} or {"skipped": why}
+    if a.peers:
+        for kind, found in (("mount-s3", find_mount_s3(a)), ("s3fs", find_s3fs())):
+            if found[0] is None:
+                log(f"--peers: skipping {kind}: {found[1]}")
+                peers[kind] = {"skipped": found[1]}
+            else:
+                log(f"--peers: {kind} {found[0]} ({found[1]})")
+                peers[kind] = {"exe": found[0], "version": found[1]}
+        if not (a.seeds / "sglang_expert_pack_build.py.txt").exists():
+            log(f"--peers: no seed at {a.seeds}/sglang_expert_pack_build.py.txt: skipping the seed builds")
+    seed_ok = a.peers and (a.seeds / "sglang_expert_pack_build.py.txt").exists()
     with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmpd:
         tmp = Path(tmpd)
         data = tmp / "s3"
         endpoint = start_s3s(exe, data)
+        net = ServerBytes(int(endpoint.rsplit(":", 1)[1])) if a.peers else None
         log(f"s3s-fs at {endpoint}, uploading {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB)")
         s3 = s3_client(endpoint)
         key = "model.gguf"
@@ -403,16 +588,121 @@ def main() -> int:
         extra: dict[str, object] = {"object_bytes": size, "etag": obj["etag"], "digest_pass_s": digest_s,
                                     "first_mount_s": first_mount, "single_stream_bytes": single}
 
+        round_secs: list[dict[str, float]] = [{}]
+
         def add(name: str, seconds: float) -> None:
             res.setdefault(name, []).append(seconds)
+            round_secs[-1][name] = seconds
 
         def cold() -> None:
             drop_caches()
             warm(served)
 
         local_pack = tmp / "local-copy.pack"
+        # Per round: {measure: bytes the server sent} (--peers with nft), and what failed.
+        net_rounds: list[dict[str, int | None]] = []
+        peer_errors: list[str] = []
+
+        def counted(name: str, fn):
+            b0 = net.read() if net else None
+            r = fn()
+            b1 = net.read() if net else None
+            net_rounds[-1][name] = b1 - b0 if b0 is not None and b1 is not None else None
+            return r
+
+        def measure_pack() -> list[Path]:
+            # pack: a fresh mount each round, cold cat of the expert pack.
+            m = tmp / "mnt-pack"
+            cold()
+
+            def run() -> list[Path]:
+                mdt = mount(a, url, m, f"{eo},ro", env)
+                ps = view_files(m, (".pack",))
+                n, dt = read_files(ps)
+                add("pack mount", mdt)
+                add("pack cat", dt)
+                add("pack mount+cat", mdt + dt)
+                extra["pack_bytes"] = n
+                extra.setdefault("pack_remote_stats", []).append(stats_remote(m))
+                unmount(m)
+                return ps
+
+            return counted("pack mount+cat", run)
+
+        def peer_cat(exe: str) -> None:
+            # mountpoint-s3: a fresh mount, cold cat of the GGUF itself.
+            m = tmp / "mnt-peer"
+            cold()
+
+            def run() -> None:
+                mdt, p = mount_peer("mount-s3", exe, endpoint, m, tmp)
+                try:
+                    n, dt = read_files([m / key])
+                finally:
+                    stop_peer(m, p)
+                if n != size:
+                    raise PeerError(f"mount-s3 lists {key} with {n} bytes, not {size}")
+                add("mountpoint-s3 mount", mdt)
+                add("mountpoint-s3 cat", dt)
+
+            counted("mountpoint-s3 cat", run)
+
+        def peer_seed(kind: str, exe: str) -> None:
+            # What users do today: mount the bucket, run the first seed's build on the mounted GGUF, the pack
+            # written to a local directory; mount + build timed.
+            m, out = tmp / "mnt-peer", tmp / "seed-out"
+            shutil.rmtree(out, ignore_errors=True)
+            cold()
+            name = f"seed over {'mountpoint-s3' if kind == 'mount-s3' else kind}"
+
+            def run() -> None:
+                t0 = time.perf_counter()
+                mdt, p = mount_peer(kind, exe, endpoint, m, tmp)
+                try:
+                    tb = time.perf_counter()
+                    r = subprocess.run([sys.executable, str(REPO / "tools/run_seed_expert_pack.py"), "--seeds",
+                                        str(a.seeds), "--source", str(m / key), "--out", str(out),
+                                        "--model-identity-sha256", "11" * 32, "--config-sha256", "11" * 32,
+                                        "--top-k", "2"], capture_output=True, text=True)
+                    build = time.perf_counter() - tb
+                finally:
+                    stop_peer(m, p)
+                total = time.perf_counter() - t0
+                if r.returncode != 0:
+                    raise PeerError(f"{name}: exit {r.returncode}: {(r.stderr or r.stdout)[-1500:]}")
+                packs = sorted(out.glob("*.pack"))
+                if not packs:
+                    raise PeerError(f"{name}: no pack in {out}")
+                extra.setdefault("seed_pack_bytes", {})[name] = packs[0].stat().st_size
+                add(name, total)
+                add(f"{name} (build alone)", build)
+
+            try:
+                counted(name, run)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+
+        def measure_peers(rnd: int) -> None:
+            todo = []
+            if "exe" in peers.get("mount-s3", {}):
+                todo.append(("mountpoint-s3 cat", lambda: peer_cat(peers["mount-s3"]["exe"])))
+            for kind in ("s3fs", "mount-s3"):
+                if seed_ok and "exe" in peers.get(kind, {}):
+                    todo.append((f"seed over {kind}", lambda kind=kind: peer_seed(kind, peers[kind]["exe"])))
+            for name, fn in (todo if rnd % 2 == 0 else todo[::-1]):
+                log(f"  peer: {name}")
+                try:
+                    fn()
+                except (PeerError, subprocess.CalledProcessError, OSError) as e:
+                    msg = f"round {rnd + 1}, {name}: {e}"
+                    log(f"  failed: {msg}")
+                    peer_errors.append(msg)
+
         for rnd in range(a.rounds):
             log(f"round {rnd + 1}/{a.rounds}")
+            net_rounds.append({})
+            if rnd:
+                round_secs.append({})
             cold()
             add("python x1", python_download(endpoint, key, single, part, 1))
             for p in parallel:
@@ -421,16 +711,13 @@ def main() -> int:
                     add(f"curl x{p}", curl_download(endpoint, key, size, part, p, tmp))
                 cold()
                 add(f"python x{p}", python_download(endpoint, key, size, part, p))
-            # pack: a fresh mount each round, cold cat of the expert pack.
+            # With --peers, they go after the pack read in even rounds and before it in odd ones.
+            if a.peers and rnd % 2 == 1:
+                measure_peers(rnd)
+            packs = measure_pack()
+            if a.peers and rnd % 2 == 0:
+                measure_peers(rnd)
             mnt = tmp / "mnt-pack"
-            cold()
-            add("pack mount", mount(a, url, mnt, f"{eo},ro", env))
-            packs = view_files(mnt, (".pack",))
-            n, dt = read_files(packs)
-            add("pack cat", dt)
-            extra["pack_bytes"] = n
-            extra.setdefault("pack_remote_stats", []).append(stats_remote(mnt))
-            unmount(mnt)
             # cached: fill a fresh disk cache with one mount's read of the pack, then time a second mount's read
             # against the local copy of the pack.
             cache = tmp / "disk-cache"
@@ -520,6 +807,30 @@ def main() -> int:
             rows.append(("requant over s3://", med["requant s3"]["median"], rs, None))
             rows.append(("requant over local", med["requant local"]["median"], rl, None))
             ratios["requant_s3_vs_local"] = rs / rl
+        # --peers: mountpoint-s3's cat of the GGUF (throughputs), the seed builds over the peers' mounts against
+        # xpackfs's mount + cat of the pack (seconds).
+        peer_rows: list[tuple[str, float, float | None, float | None]] = []
+        if a.peers:
+            if "mountpoint-s3 cat" in med:
+                mp_gbs = gbs("mountpoint-s3 cat", size)
+                peer_rows.append(("mountpoint-s3 cat of the GGUF", med["mountpoint-s3 cat"]["median"], mp_gbs,
+                                  mp_gbs / base_gbs))
+                ratios["mountpoint_s3_cat_vs_baseline"] = mp_gbs / base_gbs
+                ratios["pack_vs_mountpoint_s3_cat"] = pack_gbs / mp_gbs
+            xp_s = med["pack mount+cat"]["median"]
+            seeds = [k for k in ("seed over s3fs", "seed over mountpoint-s3") if k in med]
+            for k in seeds:
+                peer_rows.append((f"{k} (mount + build)", med[k]["median"], None, None))
+                ratios[f"xpackfs_vs_{k.replace(' ', '_').replace('-', '_')}"] = med[k]["median"] / xp_s
+            if seeds:
+                fastest = min(seeds, key=lambda k: med[k]["median"])
+                ratios["xpackfs_vs_fastest_seed"] = med[fastest]["median"] / xp_s
+                extra["fastest_seed"] = fastest
+            peer_rows.append(("xpackfs mount + cat of the pack", xp_s, None, None))
+            extra["peers"] = peers
+            extra["peer_errors"] = peer_errors
+            extra["server_bytes_per_round"] = net_rounds
+            extra["seconds_per_round"] = round_secs
         out = {"baseline": {"name": base_name, "seconds": base_s, "gb_per_s": base_gbs}, "measures": med,
                "ratios": ratios, "pack_mount_s": med["pack mount"]["median"], **extra,
                "rounds": a.rounds, "part_mib": a.part_mib, "xpackfs": a.xpackfs,
@@ -537,6 +848,31 @@ def main() -> int:
             f"{k} {('%.2f' % v) if v is not None else 'n/a'}" for k, v in extra["network_bytes_per_byte_read"].items()))
         print(f"second mount with fetched blocks cached: {cached_gbs:.3f} GB/s vs a local copy {local_gbs:.3f} GB/s "
               f"({cached_gbs / local_gbs:.2f}x), network bytes per round {cached_net}")
+        if a.peers:
+            print("peers (--peers):")
+            for kind, info in peers.items():
+                print(f"  {kind}: " + (f"{info['exe']} ({info['version']})" if "exe" in info
+                                       else f"skipped: {info['skipped']}"))
+            for name, s, g, x in peer_rows:
+                print(f"{name:40} {s:8.3f} " + (f"{g:7.3f} {x:10.2f}" if g is not None else "")
+                      + (f"  {s / med['pack mount+cat']['median']:.1f}x xpackfs's time" if name.startswith("seed") else ""))
+            if "pack_vs_mountpoint_s3_cat" in ratios:
+                print(f"xpackfs pack read vs mountpoint-s3's read of the GGUF: {ratios['pack_vs_mountpoint_s3_cat']:.2f}x "
+                      "(throughputs; target >= 1.2x)")
+            if "xpackfs_vs_fastest_seed" in ratios:
+                print(f"xpackfs mount + pack read vs the faster seed build ({extra['fastest_seed']}): "
+                      f"{ratios['xpackfs_vs_fastest_seed']:.1f}x faster (target >= 5x)")
+            print("per round: seconds, bytes the server sent (IP packets), xpackfs's own count (stats.json):")
+            stats_bytes = [st.get("bytes", 0) for st in extra.get("pack_remote_stats", [])]
+            for i, row in enumerate(net_rounds):
+                for name in row:
+                    sec = round_secs[i].get(name)
+                    print(f"  round {i + 1} {name:28} " + (f"{sec:8.2f} s " if sec is not None else "  failed   ")
+                          + (f"{row[name] / 1e6:9.1f} MB" if row[name] is not None else "        n/a")
+                          + (f"  ({stats_bytes[i] / 1e6:.1f} MB in stats.json)"
+                             if name == "pack mount+cat" and i < len(stats_bytes) else ""))
+            for e in peer_errors:
+                print(f"failed: {e}")
         if a.json:
             a.json.write_text(json.dumps(out, indent=1))
         print(json.dumps(out))
