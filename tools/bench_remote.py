@@ -43,7 +43,7 @@ the network bytes per byte read (stats.json's `remote` section), the digest pass
 view (it hashes the view once), all before the rounds.
 
     sudo python3 tools/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
-        [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant]
+        [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant] [--mmap]
         [--peers [--mount-s3 PATH | --mount-s3-src CHECKOUT] [--seeds shared/seeds]]
 
 Needs root (drop_caches, FUSE), boto3, curl (else the Python client alone is the baseline) and `s3s-fs`
@@ -317,6 +317,22 @@ def read_files(paths: list[Path]) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
+def mmap_touch(paths: list[Path]) -> tuple[int, float]:
+    """`mmap` each file and read one byte per page in order (the kernel's readahead makes the reads): bytes, seconds."""
+    import mmap
+    t0 = time.perf_counter()
+    n = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                continue
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                sum(m[off] for off in range(0, size, mmap.PAGESIZE))
+            n += size
+    return n, time.perf_counter() - t0
+
+
 def stats_remote(mnt: Path) -> dict:
     try:
         return json.loads((mnt / ".xpackfs/stats.json").read_text()).get("remote", {})
@@ -491,6 +507,9 @@ def main() -> int:
     ap.add_argument("--mount-opts", default="", help="more -o options of the xpackfs mounts (e.g. remote_concurrency=32)")
     ap.add_argument("--requant-shape", default="2048,1024,8,2", help="hidden,inter,experts,layers of the V4.1 checkpoint")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    ap.add_argument("--mmap", action="store_true",
+                    help="after the rounds: mmap every shard of the bf16-cache view of the s3:// checkpoint, touch it page "
+                         "by page (the kernel's readahead drives the reads), and report window resets per GiB fetched")
     ap.add_argument("--peers", action="store_true",
                     help="also measure mountpoint-s3 and s3fs (a cat of the GGUF, the first seed's build over them)")
     ap.add_argument("--mount-s3", default=None, help="the mount-s3 binary (default: PATH, --mount-s3-root/bin)")
@@ -766,6 +785,23 @@ def main() -> int:
                         extra.setdefault("requant_remote_stats", []).append(stats_remote(m))
                     unmount(m)
 
+        if a.mmap and v41 is not None:
+            m = tmp / "mnt-mmap"
+            cold()
+            mount(a, f"s3://{CKPT_BUCKET}/", m, f"{eo},ro,view=bf16-cache", env)
+            before = stats_remote(m)
+            n, dt = mmap_touch(view_files(m, (".safetensors",)))
+            after = stats_remote(m)
+            unmount(m)
+            fetched = after.get("bytes", 0) - before.get("bytes", 0)
+            p0, p1 = before.get("parts", {}), after.get("parts", {})
+            d = {k: p1.get(k, 0) - p0.get(k, 0) for k in ("window_resets", "direct_reads", "parts_fetched")}
+            extra["mmap"] = dict(d, view_bytes=n, seconds=dt, fetched_bytes=fetched,
+                                 requests=after.get("requests", 0) - before.get("requests", 0),
+                                 window_resets_per_gib=d["window_resets"] / max(fetched / (1 << 30), 1e-9))
+        elif a.mmap:
+            log("--mmap needs the checkpoint (not with --skip-requant)")
+
         med = {k: summary(v) for k, v in res.items()}
         base_name = min((k for k in med if k.startswith(("curl", "python")) and k != "python x1"),
                         key=lambda k: med[k]["median"])
@@ -873,6 +909,11 @@ def main() -> int:
                              if name == "pack mount+cat" and i < len(stats_bytes) else ""))
             for e in peer_errors:
                 print(f"failed: {e}")
+        if "mmap" in extra:
+            mm = extra["mmap"]
+            print(f"mmap of the bf16-cache view's shards over s3:// ({mm['view_bytes'] / 1e6:.0f} MB, page by page): "
+                  f"{mm['fetched_bytes'] / 2**20:.0f} MiB fetched in {mm['requests']} requests, {mm['window_resets']} window "
+                  f"resets ({mm['window_resets_per_gib']:.2f}/GiB), {mm['direct_reads']} GETs of their own range")
         if a.json:
             a.json.write_text(json.dumps(out, indent=1))
         print(json.dumps(out))
