@@ -414,7 +414,7 @@ async fn get_into(
 }
 
 impl Bucket {
-    /// A ranged read of `len` bytes at `offset`, conditional on `meta`'s pin: `attempt`
+    /// A ranged read of `len` bytes at `offset`, conditional on `meta`'s pin: `attempt_once`
     /// makes one request (within the deadline it is given); timeouts are retried here with
     /// backoff (`object_store` retries the rest), and the outcome is counted and mapped.
     fn read_retrying(
