@@ -442,6 +442,7 @@ impl Parts {
     /// [`ROOM_WAIT`], then goes over).
     fn part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Arc<Vec<u8>>, RemoteError> {
         let since = std::time::Instant::now();
+        let mut spare = None;
         let mut st = self.state.lock();
         loop {
             st.tick += 1;
@@ -462,6 +463,10 @@ impl Parts {
                 }
                 None => {}
             }
+            // A passed part's memory first: it makes the room, and nothing else is evicted.
+            if spare.is_none() {
+                spare = self.recycle(&mut st, len);
+            }
             if self.make_room(&mut st, len, true) || since.elapsed() > ROOM_WAIT {
                 break;
             }
@@ -469,7 +474,6 @@ impl Parts {
             // reader to let go of a part it is copying from), then look again.
             self.fetched.wait_for(&mut st, std::time::Duration::from_millis(10));
         }
-        let spare = self.recycle(&mut st, len);
         st.slots.insert(key, Slot::Fetching { len });
         st.used += len;
         self.note_used(st.used);
@@ -632,11 +636,11 @@ impl Parts {
             let size = job.object.meta.size;
             let ps = self.config.part_size.max(1);
             let len = part_len(size, ps, job.key.index);
+            let spare = self.recycle(&mut st, len);
             if !self.make_room(&mut st, len, false) {
                 self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let spare = self.recycle(&mut st, len);
             st.slots.insert(job.key, Slot::Fetching { len });
             st.used += len;
             self.note_used(st.used);
