@@ -1,5 +1,5 @@
-//! Hostile inputs: every case of the corpora (tools/make_bad_{gguf,safetensors,int8,imatrix,
-//! options,pack}.py, format in tools/corpus_util.py) through every entry point: `mount` (in
+//! Hostile inputs: every case of the corpora (tools/corpus/make_bad_{gguf,safetensors,int8,imatrix,
+//! options,pack}.py, format in tools/corpus/corpus_util.py) through every entry point: `mount` (in
 //! the foreground, so that its memory is measured) and `materialize --verify` for every view,
 //! `digest`, `validate-int8` and `inspect`.
 //!
@@ -446,7 +446,7 @@ fn hostile_corpus() {
     let mut cases = Vec::new();
     for (dir, script) in GENERATORS {
         let out = root.path().join("corpus").join(dir);
-        run_ok(python().arg(repo().join("tools").join(script)).arg(&out));
+        run_ok(python().arg(repo().join("tools/corpus").join(script)).arg(&out));
         let list: Vec<Value> = serde_json::from_slice(&std::fs::read(out.join("cases.json")).unwrap()).unwrap();
         cases.extend(list.iter().map(|v| Case::from_json(&out, v)));
     }

@@ -18,18 +18,18 @@ mkdir -p "$corpus"/work; for t in "${corpora[@]}"; do mkdir -p "$corpus/$t"; don
 # size follows its largest seed).
 seed() { find "$1" -maxdepth 1 -type f -size -1024k -name "$2" -exec cp {} "$corpus/$3/" \; ; }
 cp samples/sample-moe.gguf "$corpus/gguf/"
-python3 tools/make_bad_gguf.py "$corpus/work/bad" >/dev/null
+python3 tools/corpus/make_bad_gguf.py "$corpus/work/bad" >/dev/null
 seed "$corpus/work/bad" '*.gguf' gguf
 cp "$corpus"/gguf/* "$corpus/build_gguf/"
 python3 tools/make_v4_fixture.py "$corpus/work/v4" --layers 1 --experts 2
 cp "$corpus"/work/v4/*.safetensors "$corpus/safetensors/"
-python3 tools/make_bad_safetensors.py "$corpus/work/st" >/dev/null
+python3 tools/corpus/make_bad_safetensors.py "$corpus/work/st" >/dev/null
 seed "$corpus/work/st/hdr" '*.safetensors' safetensors
 python3 tools/imatrix_tool.py make "$corpus/work/v4" "$corpus/imatrix/a.gguf" --legacy "$corpus/imatrix/a.dat"
-python3 tools/make_bad_imatrix.py "$corpus/work/im" >/dev/null
+python3 tools/corpus/make_bad_imatrix.py "$corpus/work/im" >/dev/null
 seed "$corpus/work/im" '*.gguf' imatrix
 seed "$corpus/work/im" '*.dat' imatrix
-python3 tools/make_bad_int8.py "$corpus/work/int8bad" >/dev/null
+python3 tools/corpus/make_bad_int8.py "$corpus/work/int8bad" >/dev/null
 for m in "$corpus"/work/int8bad/*/kt-*-manifest.json; do
   if [ -f "$m" ] && [ ! -L "$m" ] && [ "$(stat -c %s "$m")" -lt 1048576 ]; then
     cp "$m" "$corpus/int8_manifest/$(basename "$(dirname "$m")").json"
@@ -41,7 +41,7 @@ cp "$corpus"/int8_manifest/*.json "$corpus/json_caps/"
 # A directory checkpoint as one input: index, marker, config, marker, shard.
 python3 - "$corpus/safetensors_dir/hf" <<'PY'
 import json, sys
-sys.path.insert(0, "tools")
+sys.path.insert(0, "tools/corpus")
 from corpus_util import st_bytes
 from make_bad_safetensors import hf_tensors
 ts = hf_tensors(L=1, E=2, H=64, I=64)
@@ -56,7 +56,7 @@ cp "$corpus/work/int8/kt-weight-manifest.json" "$corpus/int8_manifest/"
 # The view builders' checkpoint directories: the V4 fixture, the HF one above and every
 # hostile safetensors directory, each packed into one input.
 cp "$corpus/safetensors_dir/hf" "$corpus/build_safetensors/"
-python3 tools/fuzz_pack_dir.py "$corpus/build_safetensors" "$corpus/work/v4" "$corpus"/work/st/dir/* >/dev/null
+python3 tools/corpus/fuzz_pack_dir.py "$corpus/build_safetensors" "$corpus/work/v4" "$corpus"/work/st/dir/* >/dev/null
 cp "$corpus"/build_safetensors/* "$corpus/safetensors_dir/"
 for target in "${targets[@]}"; do
   echo "== fuzz $target for ${seconds}s"

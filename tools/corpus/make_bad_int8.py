@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Write a corpus of broken kt-kernel persistent INT8 trees and what each must produce.
 
-    python3 tools/make_bad_int8.py OUTDIR
+    python3 tools/corpus/make_bad_int8.py OUTDIR
 writes OUTDIR/<case>/ (a tree: kt-weight-manifest.json or the legacy kt-ephemeral-manifest.json,
-_layer_L/_numa_i/INT8_*_.kt) and OUTDIR/cases.json in the format of tools/corpus_util.py.
+_layer_L/_numa_i/INT8_*_.kt) and OUTDIR/cases.json in the format of tools/corpus/corpus_util.py.
 `validate-int8 ROOT` and a mount of ROOT (an INT8 tree mount, whatever the view option) must
 give the same verdict and the same rule.
 """

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Write a corpus of hostile options and mountpoints and what each must produce.
 
-    python3 tools/make_bad_options.py OUTDIR
+    python3 tools/corpus/make_bad_options.py OUTDIR
 writes valid bases (OUTDIR/good.gguf, a small GGUF MoE; OUTDIR/base_v4, a DeepSeek V4
 checkpoint), the files some options name (FIFOs, devices, directories under OUTDIR/special/)
-and OUTDIR/cases.json in the format of tools/corpus_util.py. Option cases are `-o` items
+and OUTDIR/cases.json in the format of tools/corpus/corpus_util.py. Option cases are `-o` items
 or flags (`args`); mountpoint cases name the kind of mountpoint the harness makes
 (`mountpoint`: file, fifo, missing, symlink, fd).
 """

@@ -4,7 +4,7 @@
 config.json, marker, one shard holding every tensor of the directory's shards (offsets
 rebased; the index then names that one shard).
 
-  python3 tools/fuzz_pack_dir.py OUT_DIR CHECKPOINT_DIR...
+  python3 tools/corpus/fuzz_pack_dir.py OUT_DIR CHECKPOINT_DIR...
 
 Directories that are not plain small checkpoints (FIFOs, symlinks, no shards, over 1 MiB
 in all, headers that do not parse) are skipped: the fuzzer mutates from what is written.

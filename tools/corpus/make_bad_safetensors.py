@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Write a corpus of broken safetensors sources and what each must produce.
 
-    python3 tools/make_bad_safetensors.py OUTDIR
+    python3 tools/corpus/make_bad_safetensors.py OUTDIR
 writes single-file cases (OUTDIR/hdr/*.safetensors: shard headers), checkpoint directories
 (OUTDIR/dir/<case>/: index, shards, config.json; DeepSeek V4 native MXFP4 and Hugging Face
-dense MoE layouts) and OUTDIR/cases.json in the format of tools/corpus_util.py. Files are
-written byte by byte (tools/corpus_util.py), so that every field can be made wrong.
+dense MoE layouts) and OUTDIR/cases.json in the format of tools/corpus/corpus_util.py. Files are
+written byte by byte (tools/corpus/corpus_util.py), so that every field can be made wrong.
 
 `v4_checkpoint` and `hf_checkpoint` are also the valid bases of the imatrix and option
 corpora.

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Write a corpus of broken llama.cpp importance matrices and what the requant view must do.
 
-    python3 tools/make_bad_imatrix.py OUTDIR
-writes a valid DeepSeek V4 checkpoint (OUTDIR/base_v4, from tools/make_bad_safetensors.py),
+    python3 tools/corpus/make_bad_imatrix.py OUTDIR
+writes a valid DeepSeek V4 checkpoint (OUTDIR/base_v4, from tools/corpus/make_bad_safetensors.py),
 importance matrices (OUTDIR/*.gguf: the GGUF format, OUTDIR/*.dat: legacy imatrix.dat;
 special files under OUTDIR/special/) and OUTDIR/cases.json in the format of
-tools/corpus_util.py: `-o view=requant,imatrix=FILE` on the base must be refused at mount
+tools/corpus/corpus_util.py: `-o view=requant,imatrix=FILE` on the base must be refused at mount
 (and by materialize) with the rule, or succeed for the controls.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Write a corpus of broken expert packs (SGLANG-EXPERTPACK-v1) for `xpackfs inspect`.
 
-    python3 tools/make_bad_pack.py OUTDIR
+    python3 tools/corpus/make_bad_pack.py OUTDIR
 writes OUTDIR/<case>.pack (special files under OUTDIR/special/) and OUTDIR/cases.json in the
-format of tools/corpus_util.py. Layouts: shared/reference/expert-pack.md (176-byte header,
+format of tools/corpus/corpus_util.py. Layouts: shared/reference/expert-pack.md (176-byte header,
 328-byte index entries).
 """
 from __future__ import annotations

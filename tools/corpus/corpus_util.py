@@ -1,4 +1,4 @@
-"""Shared by the hostile-input corpus generators (tools/make_bad_*.py): the case record the
+"""Shared by the hostile-input corpus generators (tools/corpus/make_bad_*.py): the case record the
 harness (tests/hostile.rs) reads, a byte-level safetensors writer, and special files.
 
 A case is one input run through every entry point (`mount` and `materialize --verify` for

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Write a corpus of broken GGUF sources and what each must produce.
 
-    python3 tools/make_bad_gguf.py OUTDIR
+    python3 tools/corpus/make_bad_gguf.py OUTDIR
 writes OUTDIR/<case>.gguf (special files, FIFOs and links to devices, under OUTDIR/special/,
-split sets under OUTDIR/split/) and OUTDIR/cases.json in the format of tools/corpus_util.py:
+split sets under OUTDIR/split/) and OUTDIR/cases.json in the format of tools/corpus/corpus_util.py:
 per case the rule each entry point must report (a substring naming the rule, and the tensor
 where there is one). GGUF is written byte by byte here (not with GGUFWriter) so that every
 field can be made wrong.
