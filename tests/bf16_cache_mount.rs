@@ -1,6 +1,6 @@
 //! The BF16 non-expert cache view, mounted for real and checked against Python
 //! safetensors and a numpy/ml_dtypes conversion (tools/check_bf16_cache.py), plus the
-//! seed's error conditions (tools/make_v4_fixture.py --corrupt).
+//! seed's error conditions (tools/fixtures/make_v4_fixture.py --corrupt).
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::process::Command;
 use common::*;
 
 fn fixture(dir: &Path, args: &[&str]) {
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(args));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(dir).args(args));
 }
 
 fn check(source: &Path, cache: &Path) {

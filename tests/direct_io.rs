@@ -18,7 +18,7 @@ use common::*;
 /// 32-byte alignment (so the source ranges are not 4096-aligned). `split`: tensors per part.
 fn make_gguf(dir: &Path, name: &str, layers: u32, experts: u32, split: Option<u32>) -> Vec<PathBuf> {
     let mut cmd = python();
-    cmd.arg(repo().join("tools/make_sample_gguf.py")).arg(dir.join(name)).args(["--hidden", "512", "--ff", "256", "--top-k", "2"]);
+    cmd.arg(repo().join("tools/fixtures/make_sample_gguf.py")).arg(dir.join(name)).args(["--hidden", "512", "--ff", "256", "--top-k", "2"]);
     cmd.args(["--layers", &layers.to_string(), "--experts", &experts.to_string(), "--fast-random"]);
     if let Some(n) = split {
         cmd.args(["--split-max-tensors", &n.to_string()]);

@@ -18,13 +18,13 @@ use common::*;
 
 /// The small V4.1 checkpoint of the requant tests (24 quantised chunks).
 fn v41(dir: &Path, extra: &[&str]) -> PathBuf {
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(extra));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(extra));
     std::fs::canonicalize(dir).unwrap()
 }
 
 /// A V4 checkpoint whose kt-int8 view is 100 MB (48 sibling groups): heavy cache writes.
 fn v4_large(dir: &Path) -> PathBuf {
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(["--hidden", "2048", "--inter", "1024", "--experts", "8"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(dir).args(["--hidden", "2048", "--inter", "1024", "--experts", "8"]));
     std::fs::canonicalize(dir).unwrap()
 }
 

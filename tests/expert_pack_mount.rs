@@ -122,7 +122,7 @@ fn checker_fails_on_corrupted_packs() {
 #[test]
 fn split_gguf_set_is_one_source() {
     let tmp = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_sample_gguf.py")).arg(tmp.path().join("split.gguf")).args(["--split-max-tensors", "9"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_sample_gguf.py")).arg(tmp.path().join("split.gguf")).args(["--split-max-tensors", "9"]));
     let mut parts: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().path()).collect();
     parts.sort();
     assert!(parts.len() >= 3, "expected a split set, got {parts:?}");
@@ -383,7 +383,7 @@ fn identity_files_bypass_the_mount_page_cache_by_default() {
         m.unmount();
     }
     let v4 = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v4", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v4", "--inter", "256"]));
     let m = Mount::new(v4.path(), &["view=bf16-cache"]);
     let shard = m.path("non-expert-000.safetensors");
     std::fs::read(&shard).unwrap();

@@ -1,5 +1,5 @@
 //! The GGUF output view (`view=gguf,ftype=...`) against llama.cpp itself: for each fixture
-//! of tools/make_gguf_quant_fixture.py and each file type the view can build today, the
+//! of tools/fixtures/make_gguf_quant_fixture.py and each file type the view can build today, the
 //! view's file (read through the library, and once through a real mount) equals
 //! `llama_model_quantize`'s output through llama-cpp-python 0.3.36 byte for byte
 //! (tools/llama_quantize_peer.py; tools/llama_cpp_peer.sh builds the package once into a
@@ -9,7 +9,7 @@
 //! llama.cpp's own `llama-quantize --imatrix` command writes (built from the same vendored
 //! sources by tools/llama_quantize_tool.sh: the command, not the library, loads the imatrix
 //! and adds the `quantize.imatrix.*` keys), for imatrices in both formats written by
-//! tools/make_gguf_imatrix.py with missing, zero-count and wrong-sized entries.
+//! tools/fixtures/make_gguf_imatrix.py with missing, zero-count and wrong-sized entries.
 
 mod common;
 
@@ -24,11 +24,11 @@ fn fixtures() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let d = tempfile::tempdir().unwrap();
-        run_ok(python().arg(repo().join("tools/make_gguf_quant_fixture.py")).arg(d.path()));
-        run_ok(python().arg(repo().join("tools/make_gguf_quant_fixture.py")).arg(d.path()).arg("--nan"));
+        run_ok(python().arg(repo().join("tools/fixtures/make_gguf_quant_fixture.py")).arg(d.path()));
+        run_ok(python().arg(repo().join("tools/fixtures/make_gguf_quant_fixture.py")).arg(d.path()).arg("--nan"));
         for (model, out, extra) in IMATRICES {
             let mut cmd = python();
-            cmd.arg(repo().join("tools/make_gguf_imatrix.py")).arg(d.path().join(model)).arg(d.path().join(out));
+            cmd.arg(repo().join("tools/fixtures/make_gguf_imatrix.py")).arg(d.path().join(model)).arg(d.path().join(out));
             run_ok(cmd.args(extra.split_whitespace()));
         }
         d
@@ -59,7 +59,7 @@ fn llama_quantize(source: &Path, ftype: u32, nthread: u32) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
-/// The imatrices of the fixtures: (model, file, tools/make_gguf_imatrix.py options).
+/// The imatrices of the fixtures: (model, file, tools/fixtures/make_gguf_imatrix.py options).
 const IMATRICES: &[(&str, &str, &str)] = &[
     ("llama16-tied-bf16.gguf", "llama16-tied.imatrix.gguf", "--drop blk.3.ffn_down.weight --zero-count blk.0.attn_q.weight --extra 3"),
     ("llama16-untied-mixed.gguf", "llama16-untied.imatrix.dat", "--legacy --drop output.weight"),

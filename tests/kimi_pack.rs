@@ -3,7 +3,7 @@
 //! run by tools/run_sglang_kimi.py: `write_ggml_moe_pack` (byte identity),
 //! `validate_ggml_moe_pack(full_pack_hash=True)` and `create_manifest` on the mount, and
 //! the runtime reader `KimiGGMLExpertPackStore` on the stand-in torch. Shard sets are
-//! written by tools/make_kimi_fixture.py with gguf-py's GGUFWriter.
+//! written by tools/fixtures/make_kimi_fixture.py with gguf-py's GGUFWriter.
 
 mod common;
 
@@ -15,7 +15,7 @@ use common::*;
 use serde_json::Value;
 
 fn fixture(dir: &Path, args: &[&str]) -> PathBuf {
-    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(dir).args(args));
+    run_ok(python().arg(repo().join("tools/fixtures/make_kimi_fixture.py")).arg(dir).args(args));
     dir.to_path_buf()
 }
 

@@ -33,9 +33,9 @@ fn materialize_tree(source: &Path, out: &Path, opts: &str) {
 #[test]
 fn mounted_views_pass_the_seed_validator_and_the_numpy_oracle() {
     let v4 = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v4.path()));
     let hf = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_hf_moe_fixture.py")).arg(hf.path()));
+    run_ok(python().arg(repo().join("tools/fixtures/make_hf_moe_fixture.py")).arg(hf.path()));
     let cases: [(PathBuf, [&str; 10]); 3] = [
         (sample(), EXPECT),
         (v4.path().to_path_buf(), ["--layers", "0,1", "--numa-count", "2", "--expert-num", "4", "--hidden-size", "256", "--intermediate-size", "128"]),

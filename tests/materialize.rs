@@ -22,7 +22,7 @@ fn files(dir: &Path) -> Vec<String> {
 #[test]
 fn every_view_materializes_to_the_mounted_bytes() {
     let v4 = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
     let cases: Vec<(std::path::PathBuf, &str)> =
         vec![(sample(), "top_k=2"), (v4.path().to_path_buf(), "view=bf16-cache"), (v4.path().to_path_buf(), "view=requant")];
     for (source, opts) in cases {
@@ -62,7 +62,7 @@ fn every_view_materializes_to_the_mounted_bytes() {
 #[test]
 fn kill_9_at_several_points_then_resume_gives_identical_bytes() {
     let src = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
     let reference = tempfile::tempdir().unwrap();
     let r = materialize(src.path(), reference.path(), &["-o", "view=requant,digest_store=none"]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
@@ -143,7 +143,7 @@ fn stderr(r: &std::process::Output) -> String {
 #[test]
 fn partitions_then_finalize_equal_a_single_run() {
     let v4 = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
     let cases: Vec<(std::path::PathBuf, &str, usize, &str)> = vec![
         (sample(), "top_k=2", 3, "64K"),
         (v4.path().to_path_buf(), "view=bf16-cache", 4, "64K"),
@@ -281,7 +281,7 @@ fn finalize_names_unfinished_and_damaged_parts_and_parts_continue() {
 #[test]
 fn verify_finds_damage_the_manifests_describe() {
     let v4 = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v4.path()).args(["--variant", "v41", "--inter", "256"]));
     let cases: Vec<(std::path::PathBuf, &str, &str, &str)> = vec![
         (v4.path().to_path_buf(), "view=requant", "quant-00001-of-00003.safetensors", "hashes to"),
         (sample(), "top_k=2", "sample-moe.pack", "does not match sample-moe.pack"),
@@ -316,7 +316,8 @@ fn verify_finds_damage_the_manifests_describe() {
 #[test]
 fn a_failed_run_leaves_no_final_file() {
     let src = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256", "--corrupt", "expert_e8m0_nan"]));
+    let fixture = repo().join("tools/fixtures/make_v4_fixture.py");
+    run_ok(python().arg(fixture).arg(src.path()).args(["--variant", "v41", "--inter", "256", "--corrupt", "expert_e8m0_nan"]));
     let out = tempfile::tempdir().unwrap();
     let r = materialize(src.path(), out.path(), &["-o", "view=requant,digest_store=none"]);
     assert!(!r.status.success());

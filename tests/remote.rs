@@ -184,10 +184,10 @@ fn fixtures() -> tempfile::TempDir {
     let p = d.path();
     std::fs::create_dir_all(p.join("gguf")).unwrap();
     std::fs::copy(sample(), p.join("gguf/sample-moe.gguf")).unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(p.join("v4")));
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(p.join("v41")).args(["--variant", "v41", "--inter", "256"]));
-    run_ok(python().arg(repo().join("tools/make_hf_moe_fixture.py")).arg(p.join("hf")));
-    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(p.join("kimi")).args(["--layers", "3", "--experts", "4", "--shards", "2"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(p.join("v4")));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(p.join("v41")).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_hf_moe_fixture.py")).arg(p.join("hf")));
+    run_ok(python().arg(repo().join("tools/fixtures/make_kimi_fixture.py")).arg(p.join("kimi")).args(["--layers", "3", "--experts", "4", "--shards", "2"]));
     d
 }
 
@@ -253,7 +253,7 @@ fn a_multipart_object_and_a_plain_http_server_read_the_same() {
     // "...-N", not an MD5), and the sample GGUF from a plain HTTP server with Range.
     let fx = tmp();
     let big = fx.path().join("big");
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(&big).args(["--layers", "6", "--experts", "24", "--shards", "1"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(&big).args(["--layers", "6", "--experts", "24", "--shards", "1"]));
     let upload = format!("{}=big", big.display());
     let s3 = Server::start(
         "servers.py",
@@ -284,7 +284,7 @@ fn hub_fixture() -> (tempfile::TempDir, PathBuf) {
     let repo_dir = d.path().join("repo");
     std::fs::create_dir_all(repo_dir.join("gguf")).unwrap();
     std::fs::copy(sample(), repo_dir.join("gguf/sample-moe.gguf")).unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(repo_dir.join("v4")));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(repo_dir.join("v4")));
     (d, repo_dir)
 }
 
@@ -484,7 +484,7 @@ fn an_int8_tree_in_s3_validates_and_mounts_as_the_local_tree_does() {
     // byte of one file flipped, and one with a file missing: uploaded side by side.
     let fx = tmp();
     let p = fx.path();
-    run_ok(python().arg(repo().join("tools/make_hf_moe_fixture.py")).arg(p.join("hf")));
+    run_ok(python().arg(repo().join("tools/fixtures/make_hf_moe_fixture.py")).arg(p.join("hf")));
     let good = materialize(&[], p.join("hf").to_str().unwrap(), &["--view=kt-int8", "--numa-count=2"]);
     let trees = p.join("trees");
     let copy = |name: &str| {
@@ -546,7 +546,7 @@ fn an_int8_tree_in_s3_validates_and_mounts_as_the_local_tree_does() {
 fn a_hub_split_set_takes_its_shard_digests_from_the_hub_and_verify_checks_them() {
     let d = tmp();
     let repo_dir = d.path().join("repo");
-    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(&repo_dir).args(["--layers", "3", "--experts", "16", "--shards", "2"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_kimi_fixture.py")).arg(&repo_dir).args(["--layers", "3", "--experts", "16", "--shards", "2"]));
     let parts = kimi_parts_in(&repo_dir.join("gguf"));
     let total: u64 = parts.iter().map(|p| std::fs::metadata(repo_dir.join("gguf").join(p)).unwrap().len()).sum();
     let spec = format!("org/kimi={}", repo_dir.display());
@@ -593,7 +593,7 @@ fn a_hub_split_set_takes_its_shard_digests_from_the_hub_and_verify_checks_them()
 fn an_s3_split_set_with_sha256_checksums_takes_its_shard_digests_from_s3() {
     let d = tmp();
     let repo_dir = d.path().join("repo");
-    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(&repo_dir).args(["--layers", "3", "--experts", "16", "--shards", "2"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_kimi_fixture.py")).arg(&repo_dir).args(["--layers", "3", "--experts", "16", "--shards", "2"]));
     let gguf = repo_dir.join("gguf");
     let parts = kimi_parts_in(&gguf);
     let total: u64 = parts.iter().map(|p| std::fs::metadata(gguf.join(p)).unwrap().len()).sum();
@@ -809,7 +809,7 @@ fn a_gcs_source_through_the_emulator() {
     let root = fx.path().join("ckpt");
     std::fs::create_dir_all(root.join("gguf")).unwrap();
     std::fs::copy(sample(), root.join("gguf/sample-moe.gguf")).unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(root.join("v4")));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(root.join("v4")));
     let upload = format!("{}=ckpt", root.display());
     let gcs = Server::start("servers.py", &["gcs", "--port", "0", "--upload", &upload]);
     let (host, bucket) = (gcs.get("gcs"), gcs.get("bucket"));

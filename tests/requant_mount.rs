@@ -9,7 +9,7 @@ use std::process::Command;
 use common::*;
 
 fn fixture(dir: &Path, args: &[&str]) {
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(args));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(dir).args(["--variant", "v41", "--inter", "256"]).args(args));
 }
 
 fn seed_convert(src: &Path, out: &Path, recipe: &[&str]) {
@@ -77,7 +77,7 @@ fn bad_expert_inputs() {
     }
     // Row length not a multiple of 256 (inter 128 makes w2 rows 128 long).
     let src = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "128"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "128"]));
     let err = Mount::try_new(src.path(), &["view=requant"]).err().expect("mounted");
     assert!(String::from_utf8_lossy(&err.stderr).contains("128 is not a multiple of 256"));
     // E8M0 255 is only seen on read: EIO for that shard, with a log line naming the tensor.
@@ -116,7 +116,7 @@ fn imatrix_in_both_formats_lowers_the_weighted_error() {
     unit.unmount();
     // An imatrix without rows for these experts refuses to mount, naming the tensor.
     let other = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(other.path()).args(["--variant", "v41", "--inter", "256", "--layers", "1"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(other.path()).args(["--variant", "v41", "--inter", "256", "--layers", "1"]));
     let small = files.path().join("small.gguf");
     run_ok(python().arg(repo().join("tools/imatrix_tool.py")).arg("make").arg(other.path()).arg(&small));
     let err = Mount::try_new(src.path(), &["view=requant", &format!("imatrix={}", small.display())]).err().expect("mounted");

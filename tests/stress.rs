@@ -30,7 +30,7 @@ fn all_files(root: &Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn concurrent_random_reads_of_every_view_under_cache_pressure() {
     let v41 = tempfile::tempdir().unwrap();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v41.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v41.path()).args(["--variant", "v41", "--inter", "256"]));
     let cases: Vec<(std::path::PathBuf, &str)> = vec![
         (sample(), "top_k=2"),
         (v41.path().to_path_buf(), "view=bf16-cache"),

@@ -96,7 +96,7 @@ fn expert_pack_equals_the_seed_build() {
 fn bf16_cache_equals_the_reference_conversion() {
     for variant in ["v4", "v41"] {
         let (src, out, store) = (tmp(), tmp(), tmp());
-        run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", variant]));
+        run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(src.path()).args(["--variant", variant]));
         let built = dump(src.path(), &["cache_mb=1"], Path::new("/mnt/x"), out.path(), store.path());
         assert_eq!(built.view.name(), "bf16-cache");
         run_ok(python().arg(repo().join("tools/check_bf16_cache.py")).arg("--source").arg(src.path()).arg("--cache").arg(out.path()));
@@ -106,7 +106,7 @@ fn bf16_cache_equals_the_reference_conversion() {
 #[test]
 fn requant_equals_the_seed_convert() {
     let (src, seed, out, store) = (tmp(), tmp(), tmp(), tmp());
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
     let src_path = std::fs::canonicalize(src.path()).unwrap();
     seed_requant(&src_path, seed.path(), &[]);
     dump(&src_path, &["view=requant", "cache_mb=1"], Path::new("/mnt/x"), out.path(), store.path());
@@ -116,7 +116,7 @@ fn requant_equals_the_seed_convert() {
 #[test]
 fn requant_with_an_imatrix_lowers_the_weighted_error() {
     let (src, out, store) = (tmp(), tmp(), tmp());
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(src.path()).args(["--variant", "v41", "--inter", "256"]));
     let imatrix = src.path().join("imatrix.gguf");
     run_ok(python().arg(repo().join("tools/imatrix_tool.py")).arg("make").arg(src.path()).arg(&imatrix));
     dump(src.path(), &["view=requant", &format!("imatrix={}", imatrix.display())], Path::new("/mnt/x"), out.path(), store.path());
@@ -128,9 +128,9 @@ fn requant_with_an_imatrix_lowers_the_weighted_error() {
 #[test]
 fn kt_int8_passes_the_seed_validator_and_the_numpy_oracle() {
     let v4 = tmp();
-    run_ok(python().arg(repo().join("tools/make_v4_fixture.py")).arg(v4.path()));
+    run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(v4.path()));
     let hf = tmp();
-    run_ok(python().arg(repo().join("tools/make_hf_moe_fixture.py")).arg(hf.path()));
+    run_ok(python().arg(repo().join("tools/fixtures/make_hf_moe_fixture.py")).arg(hf.path()));
     let dense = ["--layers", "0,1", "--numa-count", "2", "--expert-num", "4", "--hidden-size", "256", "--intermediate-size", "128"];
     let sample_expect = ["--layers", "0,1,2", "--numa-count", "2", "--expert-num", "8", "--hidden-size", "256", "--intermediate-size", "128"];
     for (source, expect) in [(sample(), sample_expect), (v4.path().to_path_buf(), dense), (hf.path().to_path_buf(), dense)] {
@@ -165,7 +165,7 @@ fn int8_tree_serves_the_validated_tree_as_it_is() {
 #[test]
 fn kimi_pack_equals_sglangs_write_and_manifest() {
     let (src, out, store, theirs) = (tmp(), tmp(), tmp(), tmp());
-    run_ok(python().arg(repo().join("tools/make_kimi_fixture.py")).arg(src.path()).args(["--layers", "3", "--experts", "4", "--shards", "2"]));
+    run_ok(python().arg(repo().join("tools/fixtures/make_kimi_fixture.py")).arg(src.path()).args(["--layers", "3", "--experts", "4", "--shards", "2"]));
     let gguf = src.path().join("gguf");
     let mut parts: Vec<PathBuf> = std::fs::read_dir(&gguf).unwrap().map(|e| e.unwrap().path()).collect();
     parts.sort();

@@ -59,7 +59,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
-        subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(src), "--variant", args.variant,
+        subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_v4_fixture.py"), str(src), "--variant", args.variant,
                         "--hidden", str(args.hidden), "--inter", str(args.inter), "--layers", str(args.layers),
                         "--experts", "2"], check=True)
         t0 = time.perf_counter()

@@ -11,6 +11,6 @@ def bench_gguf(workdir: Path, layers: int = 8, experts: int = 32, hidden: int = 
     workdir.mkdir(parents=True, exist_ok=True)
     src = workdir / f"bench-{layers}x{experts}x{hidden}x{ff}.gguf"
     if not src.exists():
-        subprocess.run([sys.executable, str(REPO / "tools/make_sample_gguf.py"), str(src), "--fast-random",
+        subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_sample_gguf.py"), str(src), "--fast-random",
                         "--layers", str(layers), "--experts", str(experts), "--hidden", str(hidden), "--ff", str(ff)], check=True)
     return src

@@ -19,7 +19,7 @@
    daemon: dynamic files and O_DIRECT bypass the kernel's caches), p50 / p99 / max.
    Target: p99 < 20 ms.
 
-Fixtures (tools/make_v4_fixture.py, V4.1-shaped): for `restart`, the expert geometry of
+Fixtures (tools/fixtures/make_v4_fixture.py, V4.1-shaped): for `restart`, the expert geometry of
 V4.1-Flash (hidden 5120, moe_intermediate 2304: chunks of about 1 MiB, three per expert
 tensor; --restart-shape, 4 experts x 2 layers: 80 MB of requantised experts in 161 MB of
 shards, the rest non-expert tensors served from the source); for the others, a smaller one
@@ -71,7 +71,7 @@ def read_seq(paths) -> int:
 
 
 def fixture(path: Path, hidden: str, inter: str, experts: str, layers: str) -> Path:
-    subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(path), "--variant", "v41",
+    subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_v4_fixture.py"), str(path), "--variant", "v41",
                     "--hidden", hidden, "--inter", inter, "--experts", experts, "--layers", layers],
                    check=True, stdout=subprocess.DEVNULL)
     return path

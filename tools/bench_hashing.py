@@ -104,7 +104,7 @@ def main() -> int:
 
     int8_src = a.workdir / "int8-4x32x2048x1536.gguf"
     if not int8_src.exists():
-        subprocess.run([sys.executable, str(REPO / "tools/make_sample_gguf.py"), str(int8_src), "--fast-random", "--layers", "4",
+        subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_sample_gguf.py"), str(int8_src), "--fast-random", "--layers", "4",
                         "--experts", "32", "--hidden", "2048", "--ff", "1536"], check=True)
     tree = work / "int8-tree"
     subprocess.run([a.xpackfs, "materialize", str(int8_src), "--out", str(tree), "--margin-gib", "0", "-o",

@@ -63,7 +63,7 @@ def main() -> int:
     a.workdir.mkdir(parents=True, exist_ok=True)
     src = a.workdir / f"int8-{a.layers}x32x2048x1536.gguf"
     if not src.exists():
-        subprocess.run([sys.executable, str(REPO / "tools/make_sample_gguf.py"), str(src), "--fast-random", "--layers", a.layers,
+        subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_sample_gguf.py"), str(src), "--fast-random", "--layers", a.layers,
                         "--experts", "32", "--hidden", "2048", "--ff", "1536"], check=True)
     mnt = a.workdir / "mnt-int8"
     mnt.mkdir(exist_ok=True)

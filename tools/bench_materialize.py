@@ -119,7 +119,7 @@ def main() -> int:
     if lib:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
             fx, seed_out, out = Path(tmp) / "src", Path(tmp) / "seed", Path(tmp) / "mat"
-            subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(fx), "--variant", "v41",
+            subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_v4_fixture.py"), str(fx), "--variant", "v41",
                             "--hidden", "2048", "--inter", "1024", "--experts", "8", "--layers", "2"], check=True,
                            capture_output=True)
             r = subprocess.run([sys.executable, str(REPO / "tools/run_seed_requant.py"), "--seeds", a.seeds,

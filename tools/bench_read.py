@@ -4,7 +4,7 @@ source file, 1 MiB sequential reads, in one run (issue 2's measurement).
 
     python3 tools/bench_read.py [--layers 8 --experts 32 --hidden 2048 --ff 1536] [--rounds 3]
 
-Makes a large MoE GGUF with random MXFP4 experts (tools/make_sample_gguf.py --fast-random)
+Makes a large MoE GGUF with random MXFP4 experts (tools/fixtures/make_sample_gguf.py --fast-random)
 in --workdir, mounts it, and measures, with the source in the page cache:
   source     1 MiB preads of the source file
   mount-cold 1 MiB preads of the pack, its pages dropped first (POSIX_FADV_DONTNEED)

@@ -541,7 +541,7 @@ def main() -> int:
         h, i, e, layers = a.requant_shape.split(",")
         v41 = a.workdir / f"v41-{h}x{i}x{e}x{layers}"
         if not (v41 / "config.json").exists():
-            subprocess.run([sys.executable, str(REPO / "tools/make_v4_fixture.py"), str(v41), "--variant", "v41",
+            subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_v4_fixture.py"), str(v41), "--variant", "v41",
                             "--hidden", h, "--inter", i, "--experts", e, "--layers", layers], check=True)
     exe = s3s_binary(a)
     peers: dict[str, dict] = {}  # kind -> {"exe", "version"} or {"skipped": why}

@@ -362,7 +362,7 @@ def main() -> int:
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     ap.add_argument("--minipass", default=str(REPO / "target/release/examples/minipass"))
     ap.add_argument("--full-size", type=Path, default=None,
-                    help="a full-size sparse GGUF (tools/make_sparse_v4_flash.py) for start-up time and RSS")
+                    help="a full-size sparse GGUF (tools/fixtures/make_sparse_v4_flash.py) for start-up time and RSS")
     ap.add_argument("--no-computed", action="store_true", help="skip the computed views")
     ap.add_argument("--sglang-only", action="store_true", help="only SGLang's pattern and the direct-I/O levers")
     a = ap.parse_args()

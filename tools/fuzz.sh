@@ -21,7 +21,7 @@ cp samples/sample-moe.gguf "$corpus/gguf/"
 python3 tools/corpus/make_bad_gguf.py "$corpus/work/bad" >/dev/null
 seed "$corpus/work/bad" '*.gguf' gguf
 cp "$corpus"/gguf/* "$corpus/build_gguf/"
-python3 tools/make_v4_fixture.py "$corpus/work/v4" --layers 1 --experts 2
+python3 tools/fixtures/make_v4_fixture.py "$corpus/work/v4" --layers 1 --experts 2
 cp "$corpus"/work/v4/*.safetensors "$corpus/safetensors/"
 python3 tools/corpus/make_bad_safetensors.py "$corpus/work/st" >/dev/null
 seed "$corpus/work/st/hdr" '*.safetensors' safetensors
