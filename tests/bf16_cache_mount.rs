@@ -1,5 +1,5 @@
 //! The BF16 non-expert cache view, mounted for real and checked against Python
-//! safetensors and a numpy/ml_dtypes conversion (tools/check_bf16_cache.py), plus the
+//! safetensors and a numpy/ml_dtypes conversion (tools/peers/check_bf16_cache.py), plus the
 //! seed's error conditions (tools/fixtures/make_v4_fixture.py --corrupt).
 
 mod common;
@@ -14,7 +14,7 @@ fn fixture(dir: &Path, args: &[&str]) {
 }
 
 fn check(source: &Path, cache: &Path) {
-    run_ok(python().arg(repo().join("tools/check_bf16_cache.py")).arg("--source").arg(source).arg("--cache").arg(cache));
+    run_ok(python().arg(repo().join("tools/peers/check_bf16_cache.py")).arg("--source").arg(source).arg("--cache").arg(cache));
 }
 
 #[test]

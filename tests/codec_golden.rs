@@ -1,6 +1,6 @@
-//! Golden vectors from the reference ggml (tools/ggml_ref.py golden): every quantiser and
+//! Golden vectors from the reference ggml (tools/peers/ggml_ref.py golden): every quantiser and
 //! decoder must reproduce them bit for bit, at every SIMD level this machine has.
-//! Format: see tools/ggml_ref.py.
+//! Format: see tools/peers/ggml_ref.py.
 
 use xpackfs::codec::{self, GgmlType, QuantType, simd};
 
@@ -15,7 +15,7 @@ struct Record {
 }
 
 fn parse(path: &str) -> Vec<Record> {
-    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e} (regenerate with tools/ggml_ref.py golden)"));
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e} (regenerate with tools/peers/ggml_ref.py golden)"));
     assert_eq!(&data[..4], b"XPG1", "{path}: bad magic");
     let mut pos = 8;
     let u32_at = |pos: &mut usize| {
@@ -102,7 +102,7 @@ fn decoders_match_ggml_bit_for_bit() {
     }
 }
 
-/// tests/golden/quantize_k.bin (tools/ggml_ref.py `golden_k`): Q3_K, Q4_K, Q5_K and Q6_K,
+/// tests/golden/quantize_k.bin (tools/peers/ggml_ref.py `golden_k`): Q3_K, Q4_K, Q5_K and Q6_K,
 /// both paths of each, at every level (and the parallel driver); its `dequant/` records
 /// check the Q3_K and Q5_K decoders.
 #[test]

@@ -3,7 +3,7 @@
 //! ties, constant blocks, extremes, non-finite values; errors included), every decoder on
 //! random and edge inputs (exhaustive where the input space is small), the kt INT8 path,
 //! and the parallel helpers. (Against the reference ggml: tests/codec_golden.rs and
-//! `tools/ggml_ref.py diff`, which also run at every level.)
+//! `tools/peers/ggml_ref.py diff`, which also run at every level.)
 
 use xpackfs::codec::simd::{self, Level};
 use xpackfs::codec::{self, GgmlType, QuantType, float, fp8, kt_int8, mxfp4};

@@ -2,8 +2,8 @@
 //! gets the pack's bytes (aligned and unaligned reads, whole objects and SGLang's splits,
 //! split sets, never a short read) while the daemon reads the source with `O_DIRECT`
 //! too: the source stays out of the page cache, and a source changed under an open direct
-//! handle gives `EIO`. Peers: SGLang's own reader (tools/sglang_read.py, checking every
-//! role against its index digest) and gguf-py's reader (tools/check_pack.py).
+//! handle gives `EIO`. Peers: SGLang's own reader (tools/peers/sglang_read.py, checking every
+//! role against its index digest) and gguf-py's reader (tools/peers/check_pack.py).
 
 mod common;
 
@@ -55,7 +55,7 @@ fn read_exact_once(f: &std::fs::File, buf: &mut [u8], off: u64, what: &str) {
 /// SGLang's own reader over the pack (every role checked against its index digest).
 fn sglang_read(pack: &Path, direct: bool, splits: u32) -> serde_json::Value {
     let mut cmd = python();
-    cmd.arg(repo().join("tools/sglang_read.py")).arg(pack).args(["--splits", &splits.to_string(), "--verify", "--json"]);
+    cmd.arg(repo().join("tools/peers/sglang_read.py")).arg(pack).args(["--splits", &splits.to_string(), "--verify", "--json"]);
     if direct {
         cmd.arg("--direct-io");
     }
@@ -92,7 +92,7 @@ fn o_direct_reads_equal_the_pack_for_every_object() {
         let refs: Vec<&Path> = parts.iter().map(|p| p.as_path()).collect();
         // Buffered and O_DIRECT reads equal gguf-py's slices of the source (every object).
         let mut cmd = python();
-        cmd.arg(repo().join("tools/check_pack.py")).arg("--source").args(&refs).arg("--pack").arg(&pack).args(["--modes", "pread,direct"]);
+        cmd.arg(repo().join("tools/peers/check_pack.py")).arg("--source").args(&refs).arg("--pack").arg(&pack).args(["--modes", "pread,direct"]);
         run_ok(&mut cmd);
         let expected = std::fs::read(&pack).unwrap();
         let l = layout(&m.path("d.pack.manifest.json"));

@@ -124,7 +124,7 @@ fn a_restarted_mount_computes_nothing_and_serves_the_seeds_bytes() {
     let int8 = ["view=kt-int8", "numa_count=2"];
     let first = Mount::new(&sample(), &opts(&int8, &c));
     let validate = python()
-        .arg(repo().join("tools/seed_validate_int8.py"))
+        .arg(repo().join("tools/peers/seed_validate_int8.py"))
         .arg("--seeds")
         .arg(shared().join("seeds"))
         .arg(&first.mountpoint)
@@ -132,7 +132,7 @@ fn a_restarted_mount_computes_nothing_and_serves_the_seeds_bytes() {
         .output()
         .unwrap();
     assert!(validate.status.success(), "{}", String::from_utf8_lossy(&validate.stderr));
-    run_ok(python().arg(repo().join("tools/check_int8.py")).arg("--source").arg(sample()).arg("--tree").arg(&first.mountpoint));
+    run_ok(python().arg(repo().join("tools/peers/check_int8.py")).arg("--source").arg(sample()).arg("--tree").arg(&first.mountpoint));
     let a = read_all(&first.mountpoint);
     // (No status file to watch: give the last writes behind a moment.)
     wait_until("every kt-int8 entry on disk", Duration::from_secs(60), || entries(&cache).len() >= 24 + a.len() - 1);

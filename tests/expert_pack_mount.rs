@@ -1,5 +1,5 @@
 //! The expert-pack view, mounted for real and checked against independent peers:
-//! gguf-py's GGUFReader (through tools/check_pack.py), the first seed itself, and
+//! gguf-py's GGUFReader (through tools/peers/check_pack.py), the first seed itself, and
 //! plain syscalls (pread, mmap, O_DIRECT).
 
 mod common;
@@ -16,7 +16,7 @@ const CFG: &str = "2222222222222222222222222222222222222222222222222222222222222
 
 fn check_pack(sources: &[&Path], pack: &Path, modes: &str) {
     let mut cmd = python();
-    cmd.arg(repo().join("tools/check_pack.py")).arg("--source").args(sources).arg("--pack").arg(pack).arg("--modes").arg(modes);
+    cmd.arg(repo().join("tools/peers/check_pack.py")).arg("--source").args(sources).arg("--pack").arg(pack).arg("--modes").arg(modes);
     run_ok(&mut cmd);
 }
 
@@ -113,7 +113,7 @@ fn checker_fails_on_corrupted_packs() {
         let mut bad = good.clone();
         bad[offset] ^= 0x40;
         std::fs::write(&pack, &bad).unwrap();
-        let out = python().arg(repo().join("tools/check_pack.py")).args(["--source"]).arg(sample()).arg("--pack").arg(&pack).output().unwrap();
+        let out = python().arg(repo().join("tools/peers/check_pack.py")).args(["--source"]).arg(sample()).arg("--pack").arg(&pack).output().unwrap();
         assert!(!out.status.success(), "checker accepted a pack with a corrupted {what}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("FAIL"), "{}", String::from_utf8_lossy(&out.stderr));
     }

@@ -2,7 +2,7 @@
 //! of tools/fixtures/make_gguf_quant_fixture.py and each file type the view can build today, the
 //! view's file (read through the library, and once through a real mount) equals
 //! `llama_model_quantize`'s output through llama-cpp-python 0.3.36 byte for byte
-//! (tools/llama_quantize_peer.py; tools/llama_cpp_peer.sh builds the package once into a
+//! (tools/peers/llama_quantize_peer.py; tools/peers/llama_cpp_peer.sh builds the package once into a
 //! cache), and llama.cpp loads the view's file. File types that need a quantizer xpackfs
 //! does not have yet are refused at mount, naming it; a NaN in a row fails the reads of
 //! that tensor, as it fails llama-quantize. With `-o imatrix=` the view's file equals what
@@ -40,11 +40,11 @@ fn fixtures() -> &'static Path {
 fn peer() -> std::process::Command {
     static PATH: OnceLock<String> = OnceLock::new();
     let path = PATH.get_or_init(|| {
-        let out = run_ok(std::process::Command::new("bash").arg(repo().join("tools/llama_cpp_peer.sh")));
+        let out = run_ok(std::process::Command::new("bash").arg(repo().join("tools/peers/llama_cpp_peer.sh")));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     });
     let mut cmd = python();
-    cmd.arg(repo().join("tools/llama_quantize_peer.py"));
+    cmd.arg(repo().join("tools/peers/llama_quantize_peer.py"));
     if !path.is_empty() {
         cmd.env("XPACKFS_LLAMA_CPP", path);
     }

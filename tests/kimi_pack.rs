@@ -1,6 +1,6 @@
 //! The kimi-pack view (SGLang's Kimi K3 `GGMLMOEPACKv1` pack and its adapter manifest),
 //! mounted for real and checked against SGLang's own code in `shared/reference/sglang/`,
-//! run by tools/run_sglang_kimi.py: `write_ggml_moe_pack` (byte identity),
+//! run by tools/peers/run_sglang_kimi.py: `write_ggml_moe_pack` (byte identity),
 //! `validate_ggml_moe_pack(full_pack_hash=True)` and `create_manifest` on the mount, and
 //! the runtime reader `KimiGGMLExpertPackStore` on the stand-in torch. Shard sets are
 //! written by tools/fixtures/make_kimi_fixture.py with gguf-py's GGUFWriter.

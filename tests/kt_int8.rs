@@ -14,7 +14,7 @@ const EXPECT: [&str; 10] = ["--layers", "0,1,2", "--numa-count", "2", "--expert-
 
 fn seed_validate(root: &Path, expect: &[&str], verify: bool) -> std::process::Output {
     let mut cmd = python();
-    cmd.arg(repo().join("tools/seed_validate_int8.py")).arg("--seeds").arg(shared().join("seeds")).arg(root).args(expect);
+    cmd.arg(repo().join("tools/peers/seed_validate_int8.py")).arg("--seeds").arg(shared().join("seeds")).arg(root).args(expect);
     if verify {
         cmd.arg("--verify-hashes");
     }
@@ -47,7 +47,7 @@ fn mounted_views_pass_the_seed_validator_and_the_numpy_oracle() {
         assert!(out.status.success(), "{}: seed rejects the view: {}", source.display(), String::from_utf8_lossy(&out.stderr));
         let out = ours_validate(&m.mountpoint, &expect, true);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        run_ok(python().arg(repo().join("tools/check_int8.py")).arg("--source").arg(&source).arg("--tree").arg(&m.mountpoint));
+        run_ok(python().arg(repo().join("tools/peers/check_int8.py")).arg("--source").arg(&source).arg("--tree").arg(&m.mountpoint));
         m.unmount();
     }
 }

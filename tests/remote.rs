@@ -1,7 +1,7 @@
 //! Remote sources against real protocol servers started here on 127.0.0.1
-//! (`tools/remote/`): moto's S3 server (objects uploaded through the S3 API, single-part
+//! (`tools/peers/remote/`): moto's S3 server (objects uploaded through the S3 API, single-part
 //! and multipart), a plain HTTP server that honours Range, the Hub stand-in (checked
-//! against huggingface_hub by `tools/remote/check_hub_standin.py`), and a fault-injecting
+//! against huggingface_hub by `tools/peers/remote/check_hub_standin.py`), and a fault-injecting
 //! proxy; Azure through Azurite, GCS through gcp-storage-emulator (with what it lacks added
 //! by `servers.py gcs`). Each view of a remote source must equal the same view of the same files on
 //! local disk, through the `xpackfs` binary (one process per command: remote settings are
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::Value;
 
-/// A test server (a Python process from tools/remote/), killed when dropped.
+/// A test server (a Python process from tools/peers/remote/), killed when dropped.
 struct Server {
     child: Child,
     info: Value,
@@ -30,7 +30,7 @@ impl Server {
         // of them go when the test is done.
         let mut child = python()
             .process_group(0)
-            .arg(repo().join("tools/remote").join(script))
+            .arg(repo().join("tools/peers/remote").join(script))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -443,7 +443,7 @@ fn an_object_replaced_while_mounted_fails_its_reads_and_never_mixes_versions() {
     let replacement = fx.path().join("other.gguf");
     std::fs::write(&replacement, &other).unwrap();
     let put = python()
-        .arg(repo().join("tools/remote/servers.py"))
+        .arg(repo().join("tools/peers/remote/servers.py"))
         .args(["s3-put", "--endpoint", &s3.get("endpoint"), "--bucket", "bkt", "--key", "m/sample-moe.gguf", "--file", replacement.to_str().unwrap()])
         .output()
         .unwrap();
@@ -757,7 +757,7 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     }
     std::fs::write(fx.path().join("other.gguf"), &other).unwrap();
     let put = python()
-        .arg(repo().join("tools/remote/servers.py"))
+        .arg(repo().join("tools/peers/remote/servers.py"))
         .args([
             "s3-put",
             "--endpoint",
@@ -793,7 +793,7 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
 }
 
 /// `gs://` against `gcp-storage-emulator` (PyPI), with what it lacks for `object_store`'s GCS
-/// client added by `tools/remote/servers.py gcs` (a HEAD, ETag and Last-Modified on its GETs,
+/// client added by `tools/peers/remote/servers.py gcs` (a HEAD, ETag and Last-Modified on its GETs,
 /// If-Match, the XML listing: see there and README, "Remote sources").
 /// `STORAGE_EMULATOR_HOST` sends the requests to the emulator, unauthenticated, as Google's
 /// clients do, never to Google. Every view must equal the same view of the local files, and
@@ -858,7 +858,7 @@ fn a_gcs_source_through_the_emulator() {
     let replacement = fx.path().join("other.gguf");
     std::fs::write(&replacement, &other).unwrap();
     let put = python()
-        .arg(repo().join("tools/remote/servers.py"))
+        .arg(repo().join("tools/peers/remote/servers.py"))
         .args(["gcs-put", "--endpoint", &host, "--bucket", &bucket, "--key", "ckpt/gguf/sample-moe.gguf", "--file", replacement.to_str().unwrap()])
         .output()
         .unwrap();

@@ -64,7 +64,7 @@ fn concurrent_random_reads_of_every_view_under_cache_pressure() {
         let children: Vec<_> = (0..3)
             .map(|i| {
                 python()
-                    .arg(repo().join("tools/stress_reader.py"))
+                    .arg(repo().join("tools/peers/stress_reader.py"))
                     .arg(&m.mountpoint)
                     .arg(reference.path())
                     .args(["--seconds", "3", "--seed", &i.to_string()])

@@ -83,7 +83,7 @@ fn expert_pack_equals_the_seed_build() {
     assert_eq!(m["pack_sha256"], xpackfs::digest::sha256_hex(&std::fs::read(out.path().join("sample-moe.pack")).unwrap()));
     run_ok(
         python()
-            .arg(repo().join("tools/check_pack.py"))
+            .arg(repo().join("tools/peers/check_pack.py"))
             .arg("--source")
             .arg(sample())
             .arg("--pack")
@@ -99,7 +99,7 @@ fn bf16_cache_equals_the_reference_conversion() {
         run_ok(python().arg(repo().join("tools/fixtures/make_v4_fixture.py")).arg(src.path()).args(["--variant", variant]));
         let built = dump(src.path(), &["cache_mb=1"], Path::new("/mnt/x"), out.path(), store.path());
         assert_eq!(built.view.name(), "bf16-cache");
-        run_ok(python().arg(repo().join("tools/check_bf16_cache.py")).arg("--source").arg(src.path()).arg("--cache").arg(out.path()));
+        run_ok(python().arg(repo().join("tools/peers/check_bf16_cache.py")).arg("--source").arg(src.path()).arg("--cache").arg(out.path()));
     }
 }
 
@@ -139,14 +139,14 @@ fn kt_int8_passes_the_seed_validator_and_the_numpy_oracle() {
         assert!(built.view.exclusive_root());
         run_ok(
             python()
-                .arg(repo().join("tools/seed_validate_int8.py"))
+                .arg(repo().join("tools/peers/seed_validate_int8.py"))
                 .arg("--seeds")
                 .arg(shared().join("seeds"))
                 .arg(out.path())
                 .args(expect)
                 .arg("--verify-hashes"),
         );
-        run_ok(python().arg(repo().join("tools/check_int8.py")).arg("--source").arg(&source).arg("--tree").arg(out.path()));
+        run_ok(python().arg(repo().join("tools/peers/check_int8.py")).arg("--source").arg(&source).arg("--tree").arg(out.path()));
     }
 }
 

@@ -9,7 +9,7 @@
   - `xpackfs materialize` of its expert pack, first run (empty digest store), vs `cp` + `sync`
     of the pack it writes (the same bytes);
   - `xpackfs validate-int8 --verify-hashes` vs the second seed's validator
-    (tools/seed_validate_int8.py) on a kt-int8 tree of a 4-layer source, page cache warm.
+    (tools/peers/seed_validate_int8.py) on a kt-int8 tree of a 4-layer source, page cache warm.
 With --baseline, the same xpackfs measures of another build run alternately with this one.
 Rounds alternate the two sides; medians are reported, with each ratio of medians.
 """
@@ -117,7 +117,7 @@ def main() -> int:
     t = {n: [] for n, _ in bins}
     t_seed = []
     for _ in range(a.rounds):
-        t_seed.append(timed([sys.executable, str(REPO / "tools/seed_validate_int8.py"), "--seeds", a.seeds, str(tree), *expect, "--verify-hashes"]))
+        t_seed.append(timed([sys.executable, str(REPO / "tools/peers/seed_validate_int8.py"), "--seeds", a.seeds, str(tree), *expect, "--verify-hashes"]))
         for n, x in bins:
             t[n].append(timed([x, "validate-int8", str(tree), *expect, "--verify-hashes"]))
     for n, _ in bins:

@@ -31,7 +31,7 @@ def numpy_conversion(src: Path) -> tuple[float, int]:
     import gguf
     import numpy as np
 
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tools/peers"))
     from check_int8 import layout_offsets
 
     reader = gguf.GGUFReader(src)
@@ -95,9 +95,9 @@ def main() -> int:
     expect = ["--layers", layers, "--numa-count", "2", "--expert-num", "32", "--hidden-size", "2048", "--intermediate-size", "1536"]
     subprocess.run(["cat"] + [str(p) for p in tree.rglob("*.kt")], stdout=subprocess.DEVNULL)  # warm the page cache for both
     ours_h = min(timed([a.xpackfs, "validate-int8", str(tree), *expect, "--verify-hashes"]) for _ in range(3))
-    seed_h = min(timed([sys.executable, str(REPO / "tools/seed_validate_int8.py"), "--seeds", a.seeds, str(tree), *expect, "--verify-hashes"]) for _ in range(3))
+    seed_h = min(timed([sys.executable, str(REPO / "tools/peers/seed_validate_int8.py"), "--seeds", a.seeds, str(tree), *expect, "--verify-hashes"]) for _ in range(3))
     ours_n = min(timed([a.xpackfs, "validate-int8", str(tree), *expect, "--no-verify-hashes"]) for _ in range(3))
-    seed_n = min(timed([sys.executable, str(REPO / "tools/seed_validate_int8.py"), "--seeds", a.seeds, str(tree), *expect]) for _ in range(3))
+    seed_n = min(timed([sys.executable, str(REPO / "tools/peers/seed_validate_int8.py"), "--seeds", a.seeds, str(tree), *expect]) for _ in range(3))
     print(f"INT8 view: {len(files)} files, {total / 1e6:.0f} MB")
     print(f"numpy conversion (decode, per-row INT8, VNNI pack; 1 process): {np_bytes / 1e6 / t_numpy:8.0f} MB/s")
     print(f"xpackfs mount, cold (computed on read, {a.threads} threads):          {total / 1e6 / t_read:8.0f} MB/s  "

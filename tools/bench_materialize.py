@@ -11,7 +11,7 @@ Expert pack (the large random-MXFP4 GGUF that tools/bench_read.py makes, made he
   - the same split in two parts run at once and `--finalize` (one machine: this shows the
     overhead of partitioning, not a speed-up, with 2 cores and one disk);
   - from nothing: `xpackfs digest` + materialize against the first seed's own build, which
-    also hashes the source first (tools/run_seed_expert_pack.py).
+    also hashes the source first (tools/peers/run_seed_expert_pack.py).
 Requantised shards (with XPACKFS_GGML_LIB): materialize against the fourth seed's
 `convert --jobs 2` on the same fixture and cores.
 The page cache is warm for the source in every case.
@@ -101,7 +101,7 @@ def main() -> int:
     if not a.skip_seed:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
             ident = "11" * 32
-            t_seed = timed([sys.executable, str(REPO / "tools/run_seed_expert_pack.py"), "--seeds", a.seeds,
+            t_seed = timed([sys.executable, str(REPO / "tools/peers/run_seed_expert_pack.py"), "--seeds", a.seeds,
                             "--source", str(src), "--out", tmp, "--model-identity-sha256", ident,
                             "--config-sha256", ident, "--top-k", "2"])
             seed_bytes = tree_bytes(Path(tmp))
@@ -122,7 +122,7 @@ def main() -> int:
             subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_v4_fixture.py"), str(fx), "--variant", "v41",
                             "--hidden", "2048", "--inter", "1024", "--experts", "8", "--layers", "2"], check=True,
                            capture_output=True)
-            r = subprocess.run([sys.executable, str(REPO / "tools/run_seed_requant.py"), "--seeds", a.seeds,
+            r = subprocess.run([sys.executable, str(REPO / "tools/peers/run_seed_requant.py"), "--seeds", a.seeds,
                                 "--source", str(fx), "--out", str(seed_out), "--ggml-lib", lib, "--jobs", "2"],
                                check=True, capture_output=True, text=True)
             seed_s = float(r.stdout.strip().splitlines()[-1])

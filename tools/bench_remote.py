@@ -8,7 +8,7 @@ whole object per GET), uploads a MoE GGUF and a DeepSeek-V4.1-style safetensors 
               (`--aws-sigv4`) at each --parallel level, and a Python client doing the same ranged GETs on
               keep-alive connections from threads; the fastest median of these is the baseline
   pack        `xpackfs mount s3://BUCKET/model.gguf` (-o endpoint=...) and a cold `cat` of the expert pack
-  sglang      SGLang's reader (tools/sglang_read.py: O_DIRECT, one read per object, 4 splits) over that mount
+  sglang      SGLang's reader (tools/peers/sglang_read.py: O_DIRECT, one read per object, 4 splits) over that mount
   requant     the requant view of the checkpoint, every file read cold, over s3:// and over the local directory
   cached      a second mount of the pack with its fetched blocks in the disk cache (`disk_cache=`, filled by a
               first mount that reads the pack, a fresh cache directory each round), page cache dropped, against
@@ -20,7 +20,7 @@ the xpackfs pack read on alternate rounds):
 
   mountpoint-s3   a cold `cat` of the GGUF itself through a `mount-s3` mount of the same bucket on the same server,
                   against the baseline and against xpackfs's pack read (throughputs)
-  seed            what users do today: the first seed's build (tools/run_seed_expert_pack.py, which hashes the
+  seed            what users do today: the first seed's build (tools/peers/run_seed_expert_pack.py, which hashes the
                   source and runs shared/seeds/sglang_expert_pack_build.py.txt) writing the expert pack to a local
                   directory from the GGUF mounted with s3fs and with mount-s3, the whole build timed, against
                   xpackfs's mount of `s3://` plus its `cat` of the pack (seconds)
@@ -679,7 +679,7 @@ def main() -> int:
                 mdt, p = mount_peer(kind, exe, endpoint, m, tmp)
                 try:
                     tb = time.perf_counter()
-                    r = subprocess.run([sys.executable, str(REPO / "tools/run_seed_expert_pack.py"), "--seeds",
+                    r = subprocess.run([sys.executable, str(REPO / "tools/peers/run_seed_expert_pack.py"), "--seeds",
                                         str(a.seeds), "--source", str(m / key), "--out", str(out),
                                         "--model-identity-sha256", "11" * 32, "--config-sha256", "11" * 32,
                                         "--top-k", "2"], capture_output=True, text=True)
@@ -761,7 +761,7 @@ def main() -> int:
             # SGLang's reader over a fresh mount.
             cold()
             mount(a, url, mnt, f"{eo},ro", env)
-            r = subprocess.run([sys.executable, str(REPO / "tools/sglang_read.py"), str(packs[0]), "--direct-io", "--json"],
+            r = subprocess.run([sys.executable, str(REPO / "tools/peers/sglang_read.py"), str(packs[0]), "--direct-io", "--json"],
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise SystemExit(f"sglang_read: {r.stderr[-2000:]}")

@@ -31,7 +31,7 @@ def main() -> int:
         src, out, mnt = Path(tmp) / "src", Path(tmp) / "seed", Path(tmp) / "mnt"
         subprocess.run([sys.executable, str(REPO / "tools/fixtures/make_v4_fixture.py"), str(src), "--variant", "v41",
                         "--hidden", a.hidden, "--inter", a.inter, "--experts", a.experts, "--layers", a.layers], check=True)
-        r = subprocess.run([sys.executable, str(REPO / "tools/run_seed_requant.py"), "--seeds", a.seeds, "--source", str(src),
+        r = subprocess.run([sys.executable, str(REPO / "tools/peers/run_seed_requant.py"), "--seeds", a.seeds, "--source", str(src),
                             "--out", str(out), "--ggml-lib", lib, "--jobs", str(a.threads)], check=True, capture_output=True, text=True)
         seed_s = float(r.stdout.strip().splitlines()[-1])
         mnt.mkdir()

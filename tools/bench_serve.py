@@ -6,7 +6,7 @@ passthrough daemon (examples/minipass.rs) serving that file: the FUSE transport 
     flock /tmp/xpackfs-bench.lock python3 tools/bench_serve.py [--rounds 3] [--full-size /tmp/flash.gguf]
         [--no-computed] [--sglang-only]
 
-First, SGLang's pattern (its own reader, tools/sglang_read.py, on a GGUF of 8 layers x 64
+First, SGLang's pattern (its own reader, tools/peers/sglang_read.py, on a GGUF of 8 layers x 64
 experts, an 856 MB pack): the loader defaults (O_DIRECT, one read per object), O_DIRECT with
 4 splits, and the store defaults (buffered, 4 splits), cold (`echo 3 > drop_caches`: run it
 as root, under the lock) and warm, through the mount against the same reads of a
@@ -230,7 +230,7 @@ def resident_pct(path: Path) -> float:
 
 def sglang_rate(pack: Path, direct: bool, splits: int) -> float:
     """GB/s of SGLang's own reader over the whole pack (its own timing, process start excluded)."""
-    cmd = [sys.executable, str(REPO / "tools/sglang_read.py"), str(pack), "--splits", str(splits), "--json"]
+    cmd = [sys.executable, str(REPO / "tools/peers/sglang_read.py"), str(pack), "--splits", str(splits), "--json"]
     r = json.loads(subprocess.run(cmd + (["--direct-io"] if direct else []), capture_output=True, text=True,
                                   check=True).stdout)
     return r["bytes"] / r["seconds"] / 1e9
@@ -320,7 +320,7 @@ def sglang_section(a) -> None:
     finally:
         m.close()
 
-    print(f"SGLang's reader (tools/sglang_read.py: ExpertPackStore.acquire, 8 staging slots) on {local.name} "
+    print(f"SGLang's reader (tools/peers/sglang_read.py: ExpertPackStore.acquire, 8 staging slots) on {local.name} "
           f"({local.stat().st_size / 1e6:.0f} MB); mount (xpackfs defaults) vs local copy on the same disk; "
           f"GB/s, medians of {a.rounds}; resident = source GGUF in the page cache after the mount run")
     print(f"{'pattern':<34} {'state':<5} {'mount':>7} {'local':>7} {'mount/local':>12} {'resident':>9}")

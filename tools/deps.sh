@@ -16,7 +16,7 @@ if ((${#need_apt[@]})); then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"
-# Azurite, the Azure blob emulator of the remote-source tests (tools/remote/servers.py azurite).
+# Azurite, the Azure blob emulator of the remote-source tests (tools/peers/remote/servers.py azurite).
 if ! command -v azurite-blob >/dev/null; then
   command -v npm >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
   npm install -g --silent azurite@3.35.0 >/dev/null

@@ -2,7 +2,7 @@
 # Build llama.cpp's own `llama-quantize` command (tools/quantize/{main,quantize}.cpp, with
 # common/{imatrix-loader,common,log,json}.cpp) from the sources vendored in the
 # llama-cpp-python==0.3.36 sdist (llama.cpp 0c1e57098), linked against the libllama.so
-# that tools/llama_cpp_peer.sh provides, and print its path. The GGUF output view's
+# that tools/peers/llama_cpp_peer.sh provides, and print its path. The GGUF output view's
 # `-o imatrix=` is checked against it: the command loads the imatrix file and adds the
 # `quantize.imatrix.*` keys itself, which the library's llama_model_quantize does not.
 # About a minute on 2 cores; cached in ~/.cache/xpackfs/llama-quantize-0.3.36.
@@ -13,7 +13,7 @@ dir="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/xpackfs/llama-quantize-0.3.36}"
 bin="$dir/llama-quantize"
 if [[ -x "$bin" ]]; then echo "$bin"; exit 0; fi
 py="${PYTHON:-python3}"
-peer="$(bash "$here/llama_cpp_peer.sh")"
+peer="$(bash "$here/peers/llama_cpp_peer.sh")"
 lib="$(PYTHONPATH="$peer" "$py" -c 'import llama_cpp, os; print(os.path.join(os.path.dirname(llama_cpp.__file__), "lib"))')"
 [[ -f "$lib/libllama.so" ]] || { echo "no libllama.so in $lib" >&2; exit 1; }
 ref="${XDG_CACHE_HOME:-$HOME/.cache}/xpackfs/ggml-ref"

@@ -21,7 +21,7 @@ echo "reference ggml: $XPACKFS_GGML_LIB"
 # llama-cpp-python 0.3.36 (llama_model_quantize, the gguf view's peer): compiled from its sdist
 # once into a cache (about 20 minutes on 2 cores, not in requirements.txt for that reason);
 # tests/gguf_view.rs finds it through this same script.
-XPACKFS_LLAMA_CPP="$(bash tools/llama_cpp_peer.sh)"
+XPACKFS_LLAMA_CPP="$(bash tools/peers/llama_cpp_peer.sh)"
 echo "llama-cpp-python: ${XPACKFS_LLAMA_CPP:-on the Python path}"
 # llama.cpp's llama-quantize command (the gguf view's imatrix= peer), built against it (a minute).
 echo "llama-quantize: $(bash tools/llama_quantize_tool.sh)"
@@ -33,20 +33,20 @@ cargo clippy --locked --all-targets --quiet -- -D warnings -D clippy::undocument
 cargo test --locked --all-targets
 
 echo "== the remote-source test servers, checked with the clients they stand in for"
-python3 tools/remote/check_hub_standin.py
-python3 tools/remote/check_fault_proxy.py
+python3 tools/peers/remote/check_hub_standin.py
+python3 tools/peers/remote/check_fault_proxy.py
 
 echo "== codec reference checks"
 cargo build --locked --release --quiet
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 tools/ggml_ref.py golden --out "$tmp/golden" >/dev/null
+python3 tools/peers/ggml_ref.py golden --out "$tmp/golden" >/dev/null
 cmp tests/golden/quantize.bin "$tmp/golden/quantize.bin"
 cmp tests/golden/dequantize.bin "$tmp/golden/dequantize.bin"
 cmp tests/golden/quantize_k.bin "$tmp/golden/quantize_k.bin"
 cmp tests/golden/quantize_legacy.bin "$tmp/golden/quantize_legacy.bin"
 cmp tests/golden/dequantize_legacy.bin "$tmp/golden/dequantize_legacy.bin"
 echo "golden vectors: identical to the reference's output"
-python3 tools/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS:-100000}" --seed "${XPACKFS_DIFF_SEED:-20261130}"
+python3 tools/peers/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS:-100000}" --seed "${XPACKFS_DIFF_SEED:-20261130}"
 # Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, each without and with an imatrix: 20,000 rows each.
-python3 tools/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS_LEGACY:-20000}" --seed "${XPACKFS_DIFF_SEED:-20261130}" --types legacy
+python3 tools/peers/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS_LEGACY:-20000}" --seed "${XPACKFS_DIFF_SEED:-20261130}" --types legacy

@@ -1,5 +1,5 @@
 //! `xpackfs codec quantize|dequantize`: a codec on raw data, stdin to stdout (the
-//! differential tests in tools/ggml_ref.py drive it against the reference ggml).
+//! differential tests in tools/peers/ggml_ref.py drive it against the reference ggml).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

@@ -91,7 +91,7 @@ on success. Exit status: 0 valid, 1 invalid (the reason on stderr), 2 usage erro
     ValidateInt8(ValidateArgs),
     /// Print a JSON summary of an expert pack: header, role counts, payload bytes, first entries
     Inspect(inspect::InspectArgs),
-    /// Run a codec on raw data: stdin to stdout (used by tools/ggml_ref.py for differential tests)
+    /// Run a codec on raw data: stdin to stdout (used by tools/peers/ggml_ref.py for differential tests)
     Codec(codec::CodecArgs),
     /// Hash a source once and remember its digests, so that later mounts start at once
     Digest(DigestArgs),

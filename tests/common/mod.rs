@@ -36,7 +36,7 @@ pub fn ggml_lib() -> String {
 pub fn seed_expert_pack(source: &Path, out: &Path, args: &[&str]) {
     run_ok(
         python()
-            .arg(repo().join("tools/run_seed_expert_pack.py"))
+            .arg(repo().join("tools/peers/run_seed_expert_pack.py"))
             .arg("--seeds")
             .arg(shared().join("seeds"))
             .arg("--source")
@@ -51,7 +51,7 @@ pub fn seed_expert_pack(source: &Path, out: &Path, args: &[&str]) {
 pub fn seed_requant(src: &Path, out: &Path, recipe: &[&str]) {
     run_ok(
         python()
-            .arg(repo().join("tools/run_seed_requant.py"))
+            .arg(repo().join("tools/peers/run_seed_requant.py"))
             .arg("--seeds")
             .arg(shared().join("seeds"))
             .arg("--source")
@@ -64,11 +64,11 @@ pub fn seed_requant(src: &Path, out: &Path, recipe: &[&str]) {
     );
 }
 
-/// tools/run_sglang_kimi.py (SGLang's Kimi pack code: write, validate, manifest, reader) with
+/// tools/peers/run_sglang_kimi.py (SGLang's Kimi pack code: write, validate, manifest, reader) with
 /// `args`; its output, whatever the status.
 pub fn sglang_kimi_output(args: &[&str]) -> Output {
     let mut cmd = python();
-    cmd.arg(repo().join("tools/run_sglang_kimi.py")).args(args).env("XPACKFS_SHARED", shared());
+    cmd.arg(repo().join("tools/peers/run_sglang_kimi.py")).args(args).env("XPACKFS_SHARED", shared());
     cmd.output().unwrap()
 }
 

@@ -5,9 +5,9 @@ The reference is libggml-base.so as `pip install llama-cpp-python==0.3.36` build
 (x86-64 baseline, no -march, so no FMA), found via --lib, $XPACKFS_GGML_LIB, or the
 installed llama_cpp package (llama_cpp/lib/libggml-base.so).
 
-    python3 tools/ggml_ref.py golden [--out tests/golden]
+    python3 tools/peers/ggml_ref.py golden [--out tests/golden]
         regenerate the golden vectors that `cargo test` checks byte for byte
-    python3 tools/ggml_ref.py diff --rows 100000 [--seed 1] [--types q2_k,q2_k_imat,iq2_xxs,q8_0]
+    python3 tools/peers/ggml_ref.py diff --rows 100000 [--seed 1] [--types q2_k,q2_k_imat,iq2_xxs,q8_0]
                                   (--types legacy: the Q4_0..Q5_1 and IQ4 variants, rows of 256
                                   and, for the 32-value types, every third batch rows of 32)
                                   [--levels scalar,avx2,avx512] [--k-rows 20000]
@@ -15,7 +15,7 @@ installed llama_cpp package (llama_cpp/lib/libggml-base.so).
         over several distributions (adversarial ones included), at every SIMD level this
         CPU has (XPACKFS_SIMD=level; --levels to choose); prints mismatches and exits 1 if
         there are any
-    python3 tools/ggml_ref.py bench [--rows 4096]
+    python3 tools/peers/ggml_ref.py bench [--rows 4096]
         decoder throughput, xpackfs vs the numpy peers (gguf.quants.dequantize, the
         fourth seed's MXFP4 formula); quantisers vs ggml are in `cargo bench --bench codecs`
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import gguf
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 T = gguf.GGMLQuantizationType
 QUANT = {  # name -> (ggml type, importance kind)
     "q8_0": (T.Q8_0, None),

@@ -1,4 +1,4 @@
-"""Shared pieces of the remote-source test servers (tools/remote/*.py), standard library only.
+"""Shared pieces of the remote-source test servers (tools/peers/remote/*.py), standard library only.
 
 - `Server`: a ThreadingHTTPServer bound to loopback (daemon threads, address reuse, a deep listen queue).
 - `parse_range(header, size)`: one `bytes=a-b` / `bytes=a-` / `bytes=-n` range, as S3 and the Hub's CDN read it.

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Self-check of tools/remote/fault_proxy.py (and the Range file server of servers.py) with raw HTTP.
+"""Self-check of tools/peers/remote/fault_proxy.py (and the Range file server of servers.py) with raw HTTP.
 
 Starts `servers.py http` on a temp file and the proxy in front of it, then for each fault and mode checks
 what a client sees (status, headers, body length, connection cut/reset, stall and trickle timing) and that
 the proxy's log and /_proxy/stats record it; also a pass-through check that headers (Host, Authorization,
 If-Match, x-amz-*) reach the upstream unchanged and that the seeded faults repeat. Exits non-zero on failure.
 
-    python3 tools/remote/check_fault_proxy.py
+    python3 tools/peers/remote/check_fault_proxy.py
 """
 
 import http.client

@@ -3,7 +3,7 @@
 # directory to put on PYTHONPATH ($XPACKFS_LLAMA_CPP), or nothing when the interpreter
 # already has it. Building it compiles llama.cpp from the sdist (about 18 minutes on 2
 # cores), so it is built once into a cache: ~/.cache/xpackfs/llama-cpp-python-0.3.36.
-#   bash tools/llama_cpp_peer.sh [DIR]
+#   bash tools/peers/llama_cpp_peer.sh [DIR]
 set -euo pipefail
 py="${PYTHON:-python3}"
 if "$py" -c 'import llama_cpp, sys; sys.exit(llama_cpp.__version__ != "0.3.36")' 2>/dev/null; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check tools/remote/hub_standin.py with the Hub's own client (huggingface_hub, PyPI), end to end.
+"""Check tools/peers/remote/hub_standin.py with the Hub's own client (huggingface_hub, PyPI), end to end.
 
 Makes a temp repo (a small safetensors file, LFS by `--lfs-pattern '*.safetensors'` as on the Hub, config.json, a GGUF-like binary >= 2 MB, a file in a
 sub-directory), starts the stand-in with a required token and a second, gated repo, then with
@@ -10,11 +10,11 @@ sub-directory), starts the stand-in with a required token and a second, gated re
 - no token / a wrong token / a gated repo / a missing file / a missing revision raise the client's errors;
 - a push (`POST /_control/push`): main moves, the old commit still downloads the old bytes;
 - an expired presigned URL answers 403 (`POST /_control/expire`), a fresh resolve works again;
-- the CDN behind tools/remote/fault_proxy.py (`POST /_control/cdn-base`): reads go through the proxy;
+- the CDN behind tools/peers/remote/fault_proxy.py (`POST /_control/cdn-base`): reads go through the proxy;
 - the stand-in's log: ranged CDN reads happened and no Authorization header ever reached the CDN.
 All bytes are compared with the local files. Prints one line per check and exits non-zero on any failure.
 
-    python3 tools/remote/check_hub_standin.py [-v]
+    python3 tools/peers/remote/check_hub_standin.py [-v]
 """
 
 import hashlib

@@ -20,7 +20,7 @@ constructor (what from_config does without validate_kimi_k3), and for create_man
 calls from_config itself, validate_kimi_k3 is replaced by a no-op. Nothing else changes.
 
 reader: KimiGGMLExpertPackStore opens PACK and the manifest (expected dimensions from the
-manifest's model), builds its device cache on the stand-in torch (tools/sglang_standin: no
+manifest's model), builds its device cache on the stand-in torch (tools/peers/sglang_standin: no
 GPU, no torch), and acquire() reads every object (or N sampled layers and the first and last
 experts of the first and last layers with --sample N) through its own read path (preadv of
 read_splits ranges into page-aligned staging buffers, with O_DIRECT under --direct-io, then
@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def sglang_dir() -> Path:
-    shared = Path(os.environ.get("XPACKFS_SHARED", HERE.parent.parent / "shared"))
+    shared = Path(os.environ.get("XPACKFS_SHARED", HERE.parents[2] / "shared"))
     return shared / "reference" / "sglang"
 
 

@@ -4,7 +4,7 @@
 Sits between xpackfs and a test server (moto's S3, the Hub stand-in's hub or CDN port, the Range file server)
 and makes it behave like a flaky or hostile object store, deterministically (seeded). Standard library only.
 
-    python3 tools/remote/fault_proxy.py --upstream http://127.0.0.1:PORT --port 0 --seed 7 \
+    python3 tools/peers/remote/fault_proxy.py --upstream http://127.0.0.1:PORT --port 0 --seed 7 \
         [--p503 F] [--p500 F] [--pcut F] [--pstall F --stall-s S] [--preset F] \
         [--mode NAME [--pmode F]] [--max-faults N] [--skip-first N] [--fault-path REGEX] \
         [--fault-methods GET,HEAD] [--log FILE] [--parent-pid PID] [--exit-on-stdin-eof]

@@ -3,11 +3,11 @@
 
 For the `hf://` tests of xpackfs (issue 24): the Rust client talks to it exactly as to the Hub with
 `HF_ENDPOINT=<hub>` and the Hub's HTTP (non-Xet) protocol. Checked against huggingface_hub's own client by
-tools/remote/check_hub_standin.py. Standard library only.
+tools/peers/remote/check_hub_standin.py. Standard library only.
 
 Start (a test does this, on loopback only):
 
-    python3 tools/remote/hub_standin.py --port 0 --repo org/model=/path/to/dir [--repo ...] \
+    python3 tools/peers/remote/hub_standin.py --port 0 --repo org/model=/path/to/dir [--repo ...] \
         [--token SECRET] [--gated org/model] [--expires 3600] [--lfs-min 1024] [--lfs-pattern '*.gguf'] \
         [--cdn-host localhost] [--no-copy] [--parent-pid PID] [--exit-on-stdin-eof]
 

@@ -5,7 +5,7 @@ with the source weights decoded independently (gguf.quants.dequantize for GGUF; 
 E2M1 x E8M0 formula for DeepSeek MXFP4; ml_dtypes for BF16). Every element must be within
 half a quantisation step (|w - q*d| <= d/2, plus float slack), and |q| <= 127.
 
-    python3 tools/check_int8.py --source SRC --tree TREE
+    python3 tools/peers/check_int8.py --source SRC --tree TREE
 """
 import argparse
 import json
@@ -18,7 +18,8 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-from xptools import mxfp4
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: xptools
+from xptools import mxfp4  # noqa: E402
 
 
 def layout_offsets(n: int, k: int) -> np.ndarray:

@@ -15,7 +15,7 @@ quantize.imatrix.{file,dataset,entries_count,chunks_count} keys as params.kv_ove
 library itself adds none). tools/llama_quantize_tool.sh builds the command itself.
 
 The package is imported from $XPACKFS_LLAMA_CPP (a `pip install --target` directory, see
-tools/llama_cpp_peer.sh) when set, else from the Python path.
+tools/peers/llama_cpp_peer.sh) when set, else from the Python path.
 """
 import os
 import sys

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Drive SGLang's own expert-pack reader (`ExpertPackStore` in
 ../shared/reference/sglang/expert_pack.py, verbatim) over a pack, without a GPU: torch is
-the stand-in in tools/sglang_standin/. Every (layer, expert) object is read once through
+the stand-in in tools/peers/sglang_standin/. Every (layer, expert) object is read once through
 `acquire` (SGLang's staging slots, read executor and `os.preadv` per object or per split,
 short reads raised as errors), one layer at a time with every expert routed.
 
-    python3 tools/sglang_read.py PACK [--direct-io] [--splits N] [--verify] [--json]
+    python3 tools/peers/sglang_read.py PACK [--direct-io] [--splits N] [--verify] [--json]
 
 --direct-io opens the pack with O_DIRECT (SGLang's loader default), --splits sets
 read_splits (the store's default is 4, the loader reads one range per object); --verify
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("XPACKFS_SHARED", REPO.parent / "shared"))
-sys.path.insert(0, str(REPO / "tools/sglang_standin"))
+sys.path.insert(0, str(REPO / "tools/peers/sglang_standin"))
 sys.path.insert(0, str(SHARED / "reference/sglang"))
 
 import expert_pack  # noqa: E402  (SGLang's module)

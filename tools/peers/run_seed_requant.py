@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the fourth seed (`shared/seeds/v41_quant_experts.py.txt`) itself: plan + convert.
 
-    python3 tools/run_seed_requant.py --seeds ../shared/seeds --source SRC --out OUT \
+    python3 tools/peers/run_seed_requant.py --seeds ../shared/seeds --source SRC --out OUT \
         --ggml-lib $XPACKFS_GGML_LIB [--jobs 2] [--w1 IQ2_XXS --w2 Q2_K --w3 IQ2_XXS]
 Prints the convert wall time in seconds on the last line.
 """
@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from xptools.seeds import write_seed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: xptools
+from xptools.seeds import write_seed  # noqa: E402
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the second seed's validator (`validate_persistent_int8_weights`) on a tree.
 
-    python3 tools/seed_validate_int8.py --seeds ../shared/seeds ROOT --layers 0,1 --numa-count 2 \
+    python3 tools/peers/seed_validate_int8.py --seeds ../shared/seeds ROOT --layers 0,1 --numa-count 2 \
         --expert-num 8 --hidden-size 256 --intermediate-size 128 [--verify-hashes]
 
 The seed imports `INT8_WEIGHT_LAYOUT` from a sibling `backend` module that is not shipped;
@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xptools.seeds import write_seed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: xptools
+from xptools.seeds import write_seed  # noqa: E402
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ Subcommands (each also takes --parent-pid PID and --exit-on-stdin-eof; all bind 
 
   s3     moto's S3 server, in this process (moto.server.ThreadedMotoServer, the same app as
          `python3 -m moto.server -p PORT`), a bucket, and uploads through the S3 API (boto3):
-           python3 tools/remote/servers.py s3 --port 0 --bucket models --upload DIR_OR_FILE[=PREFIX] ...
+           python3 tools/peers/remote/servers.py s3 --port 0 --bucket models --upload DIR_OR_FILE[=PREFIX] ...
                [--multipart-threshold BYTES (default 8 MiB)] [--part-size BYTES (default 5 MiB, moto's minimum)]
                [--checksum-sha256] [--versioning] [--auth] [--public]
          prints {"s3": "http://127.0.0.1:P", "endpoint": same, "bucket", "region": "us-east-1",
@@ -27,12 +27,12 @@ Subcommands (each also takes --parent-pid PID and --exit-on-stdin-eof; all bind 
          correctness, not speed.
 
   s3-put replace or add one object in a running s3 server (the object-overwritten-while-mounted test):
-           python3 tools/remote/servers.py s3-put --endpoint URL --bucket B --key K --file F
+           python3 tools/peers/remote/servers.py s3-put --endpoint URL --bucket B --key K --file F
                [--access-key-id ID --secret-access-key S] [--multipart-threshold ..] [--part-size ..]
          prints {"key", "size", "etag", "version_id"?}
 
   http   a static file server that honours Range (Python's http.server does not):
-           python3 tools/remote/servers.py http --port 0 --root DIR
+           python3 tools/peers/remote/servers.py http --port 0 --root DIR
          prints {"http": "http://127.0.0.1:P", "root": DIR}
          GET/HEAD /<relative path>: 200, or 206 + Content-Range for one `bytes=` range, 416 (with
          `Content-Range: bytes */size`) when unsatisfiable; `ETag: "<mtime ns hex>-<size hex>"` (changes when the

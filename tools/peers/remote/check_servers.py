@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Self-check of tools/remote/servers.py: start each server the way a test does and check what it serves.
+"""Self-check of tools/peers/remote/servers.py: start each server the way a test does and check what it serves.
 
 - s3 (moto, --auth --versioning --checksum-sha256): single-part ETag `"<md5>"`, multipart `"...-N"`, the
   printed sizes, a ranged GET (206 + Content-Range, the right bytes), If-Match 412, a wrong key and a wrong
@@ -10,7 +10,7 @@
   also what servers.py adds to the emulator (HEAD, ETag/Last-Modified, If-Match 412, the XML listing) and gcs-put.
 Exits non-zero on any failure.
 
-    python3 tools/remote/check_servers.py
+    python3 tools/peers/remote/check_servers.py
 """
 
 import base64

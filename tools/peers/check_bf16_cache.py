@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check a BF16 non-expert cache (mounted or on disk) against its V4 source, independently.
 
-    python3 tools/check_bf16_cache.py --source SRC_DIR --cache CACHE_DIR
+    python3 tools/peers/check_bf16_cache.py --source SRC_DIR --cache CACHE_DIR
 
 Reference conversion in numpy/ml_dtypes, following the third seed's algorithm:
 keep tensors that are not mtp.*, not .experts., not .scale; rename with the seed's

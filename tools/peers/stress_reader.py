@@ -2,7 +2,7 @@
 """Read random ranges of every file under MOUNT with pread, mmap and O_DIRECT for a bounded
 time, comparing each byte with the same file under REF. Exit 1 on the first difference.
 
-    python3 tools/stress_reader.py MOUNT REF [--seconds 3] [--seed 1]
+    python3 tools/peers/stress_reader.py MOUNT REF [--seconds 3] [--seed 1]
 """
 import mmap
 import os

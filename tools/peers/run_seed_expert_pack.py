@@ -5,7 +5,7 @@ The seed imports a sibling `format.py` that is not shipped; `expert_pack_format.
 (written from the published struct formats) stands in for it. The seed also records
 `git rev-parse HEAD` of its checkout, so it is run from a throwaway git repository.
 
-    python3 tools/run_seed_expert_pack.py --seeds ../shared/seeds --source samples/sample-moe.gguf \
+    python3 tools/peers/run_seed_expert_pack.py --seeds ../shared/seeds --source samples/sample-moe.gguf \
         --out /tmp/seedpack --model-identity-sha256 HEX --config-sha256 HEX --top-k 2 [--alignment 4096]
 
 Writes OUT/<stem>.pack, .pack.manifest.json and .pack.checkpoint.json.
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import gguf
 
-from xptools.seeds import seed_text
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: xptools
+from xptools.seeds import seed_text  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -2,9 +2,9 @@
 `python/sglang/srt/layers/moe/expert_pack.py` (`ExpertPackStore`, `KimiGGMLExpertPackStore`)
 can be driven without torch or a GPU.
 
-Use: put `tools/sglang_standin` first on `sys.path`, then import SGLang's module:
+Use: put `tools/peers/sglang_standin` first on `sys.path`, then import SGLang's module:
 
-    sys.path.insert(0, "tools/sglang_standin")     # this `torch`
+    sys.path.insert(0, "tools/peers/sglang_standin")     # this `torch`
     sys.path.insert(0, "../shared/reference/sglang")
     import expert_pack
     torch.cuda.set_free_bytes(n)                    # what mem_get_info reports (the cache budget)

@@ -12,7 +12,7 @@ gguf-py's `GGUFReader`, and checks:
   * the SGLang runtime reader's constraints (flags, MXFP4/identity/block 32 for MXFP4 packs).
 Reads are done with pread, and optionally also through mmap and O_DIRECT (--modes).
 
-    python3 tools/check_pack.py --source SRC.gguf --pack MNT/name.pack [--modes pread,mmap,direct]
+    python3 tools/peers/check_pack.py --source SRC.gguf --pack MNT/name.pack [--modes pread,mmap,direct]
 Prints one JSON line with counts on success; exits 1 with a message on the first failure.
 """
 from __future__ import annotations
