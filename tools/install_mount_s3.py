@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build and install mountpoint-s3's `mount-s3` (a peer of tools/bench_remote.py --peers) from its source.
+"""Build and install mountpoint-s3's `mount-s3` (a peer of tools/bench/bench_remote.py --peers) from its source.
 
 crates.io has no crate that ships the `mount-s3` binary: `mountpoint-s3` there is a 0.0.1 placeholder, and the
 published library `mountpoint-s3-fs` has no binaries (its `mount_from_config` example needs a manifest). The

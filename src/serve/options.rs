@@ -67,7 +67,7 @@ pub struct ServeOptions {
     #[arg(long, default_value = "32", value_parser = int_in::<usize>(0, 256), help_heading = "Serving")]
     pub direct_threads: usize,
     /// Reads of direct handles larger than this many KiB are read as parallel pieces of it
-    /// (0: whole; measured no gain with the direct-read pool, see tools/bench_serve.py)
+    /// (0: whole; measured no gain with the direct-read pool, see tools/bench/bench_serve.py)
     #[arg(long, default_value = "0", value_parser = direct_piece_kb, help_heading = "Serving")]
     pub direct_piece_kb: usize,
     /// on|off: FUSE_ASYNC_DIO, the kernel sends the requests of one large O_DIRECT read at once
@@ -155,7 +155,7 @@ fn passthrough(s: &str) -> Result<bool, InvalidValue> {
 
 impl ServeOptions {
     /// More workers than cores only adds context switches to the transport (measured with
-    /// tools/bench_serve.py: on 2 cores, 2 workers read the pack 1.1-1.4x faster than 8).
+    /// tools/bench/bench_serve.py: on 2 cores, 2 workers read the pack 1.1-1.4x faster than 8).
     pub fn threads(&self) -> usize {
         self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(8).clamp(2, 8))
     }

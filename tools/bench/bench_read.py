@@ -2,7 +2,7 @@
 """Read throughput of the expert pack through the mount against a plain read of the
 source file, 1 MiB sequential reads, in one run (issue 2's measurement).
 
-    python3 tools/bench_read.py [--layers 8 --experts 32 --hidden 2048 --ff 1536] [--rounds 3]
+    python3 tools/bench/bench_read.py [--layers 8 --experts 32 --hidden 2048 --ff 1536] [--rounds 3]
 
 Makes a large MoE GGUF with random MXFP4 experts (tools/fixtures/make_sample_gguf.py --fast-random)
 in --workdir, mounts it, and measures, with the source in the page cache:
@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools/bench"))
 from bench_common import bench_gguf  # noqa: E402
 
 

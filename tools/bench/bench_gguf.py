@@ -15,7 +15,7 @@
 
 The quantizers one thread against ggml are in-process: `cargo bench --bench codecs`.
 
-    python3 tools/bench_gguf.py [--rounds 3] [--threads 1,2] [--ftype Q4_K_M] [--skip-sparse | --sparse-only]
+    python3 tools/bench/bench_gguf.py [--rounds 3] [--threads 1,2] [--ftype Q4_K_M] [--skip-sparse | --sparse-only]
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALIGN = 32
 
 

@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def bench_gguf(workdir: Path, layers: int = 8, experts: int = 32, hidden: int = 2048, ff: int = 1536) -> Path:

@@ -2,7 +2,7 @@
 """BF16 cache throughput: reading the mounted view (cold: fresh mount, empty chunk cache)
 against a numpy/ml_dtypes implementation of the seed's conversion on the same data.
 
-    python3 tools/bench_bf16.py [--hidden 4096 --inter 2048 --layers 4] [--variant v4]
+    python3 tools/bench/bench_bf16.py [--hidden 4096 --inter 2048 --layers 4] [--variant v4]
 
 Prints MB/s of BF16 cache output for both, and the ratio.
 """
@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import safetensors
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def numpy_convert(src: Path) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """INT8 view read throughput (cold chunk cache) and validator time, xpackfs vs the seed.
 
-    python3 tools/bench_int8.py [--workdir /tmp/xpackfs-bench] [--layers 2]
+    python3 tools/bench/bench_int8.py [--workdir /tmp/xpackfs-bench] [--layers 2]
 
 Source: a random-MXFP4 GGUF (hidden 2048, expert ff 1536, 32 experts; made if missing).
 """
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def timed(cmd):

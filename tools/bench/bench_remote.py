@@ -42,7 +42,7 @@ whole GGUF's download. Also reported: one stream with one request in flight (`py
 the network bytes per byte read (stats.json's `remote` section), the digest pass and the first mount of each
 view (it hashes the view once), all before the rounds.
 
-    sudo python3 tools/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
+    sudo python3 tools/bench/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
         [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant] [--mmap]
         [--peers [--mount-s3 PATH | --mount-s3-src CHECKOUT] [--seeds shared/seeds]]
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """materialize throughput against its peers on the same bytes, in one run.
 
-    python3 tools/bench_materialize.py [--workdir /tmp/xpackfs-bench] [--skip-seed]
-    XPACKFS_GGML_LIB=... python3 tools/bench_materialize.py    # adds the requant view vs the fourth seed
+    python3 tools/bench/bench_materialize.py [--workdir /tmp/xpackfs-bench] [--skip-seed]
+    XPACKFS_GGML_LIB=... python3 tools/bench/bench_materialize.py    # adds the requant view vs the fourth seed
 
-Expert pack (the large random-MXFP4 GGUF that tools/bench_read.py makes, made here if missing):
+Expert pack (the large random-MXFP4 GGUF that tools/bench/bench_read.py makes, made here if missing):
   - `cp` of the source followed by `sync` (the floor: same byte count, no hashing);
   - `xpackfs materialize` with the source's digests already in the store (fsynced, sha256
     while writing, manifest and checkpoint from those digests);
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools/bench"))
 from bench_common import bench_gguf  # noqa: E402
 
 

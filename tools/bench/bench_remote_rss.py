@@ -2,14 +2,14 @@
 """Remote reads under one memory budget (issue 25): 64 handles reading 64 objects at once through one xpackfs
 daemon, its resident memory against `remote_memory_mb`.
 
-Starts its own `s3s-fs` server (as tools/bench_remote.py does), writes a valid kt-kernel INT8 tree of 66 quant files
+Starts its own `s3s-fs` server (as tools/bench/bench_remote.py does), writes a valid kt-kernel INT8 tree of 66 quant files
 of 16 MiB (random bytes, sha256 in the manifest) plus their scale files, uploads it through the S3 API to the root
 of a bucket of its own, mounts `s3://int8/` (an INT8 tree mount: every file is one object, served whole) with
 `-o remote_memory_mb=M,remote_part_mb=P`, and reads 64 of the quant files at once, one thread each, 1 MiB per read,
 while sampling the daemon's VmRSS every 10 ms. Checks the bytes against the local files and reports the peak
 RSS (and VmHWM) against the target `remote_memory_mb + 128 MiB`, with the parts tier's counters.
 
-    sudo python3 tools/bench_remote_rss.py [--memory-mb 128] [--part-mb 2] [--readers 64] [--json out.json]
+    sudo python3 tools/bench/bench_remote_rss.py [--memory-mb 128] [--part-mb 2] [--readers 64] [--json out.json]
 """
 from __future__ import annotations
 

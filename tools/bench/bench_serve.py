@@ -3,7 +3,7 @@
 in one run: `pread` of the pack materialized on disk (page-cached), and a minimal FUSE
 passthrough daemon (examples/minipass.rs) serving that file: the FUSE transport alone.
 
-    flock /tmp/xpackfs-bench.lock python3 tools/bench_serve.py [--rounds 3] [--full-size /tmp/flash.gguf]
+    flock /tmp/xpackfs-bench.lock python3 tools/bench/bench_serve.py [--rounds 3] [--full-size /tmp/flash.gguf]
         [--no-computed] [--sglang-only]
 
 First, SGLang's pattern (its own reader, tools/peers/sglang_read.py, on a GGUF of 8 layers x 64
@@ -21,7 +21,7 @@ the page cache); warm = read again. Prints MB/s and the ratios xpackfs/minipass 
 xpackfs/source (medians of --rounds runs, the three targets interleaved). Then: cold
 sequential reads by mount readahead (both FUSE mounts), xpackfs levers (threads, clone_fd,
 max_read), mount start-up time and daemon RSS (also for a full-size sparse GGUF with
---full-size), and the computed views against their peers (tools/bench_bf16.py,
+--full-size), and the computed views against their peers (tools/bench/bench_bf16.py,
 bench_int8.py, bench_disk_cache.py: the disk cache and responsiveness while computing, and
 bench_requant.py when XPACKFS_GGML_LIB is set).
 """
@@ -39,8 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools/bench"))
 from bench_common import bench_gguf  # noqa: E402
 
 
@@ -501,9 +501,9 @@ def full_size(a, path: Path) -> None:
 def computed_views(a) -> None:
     """The computed views against their peers, cold and warm (each tool prints its own lines)."""
     print("\ncomputed views (same cores; peers: numpy implementations of the same conversion, the fourth seed)")
-    runs = [["tools/bench_bf16.py"], ["tools/bench_int8.py"], ["tools/bench_disk_cache.py", "--rounds", str(a.rounds)]]
+    runs = [["tools/bench/bench_bf16.py"], ["tools/bench/bench_int8.py"], ["tools/bench/bench_disk_cache.py", "--rounds", str(a.rounds)]]
     if os.environ.get("XPACKFS_GGML_LIB"):
-        runs.append(["tools/bench_requant.py"])
+        runs.append(["tools/bench/bench_requant.py"])
     else:
         print("  (requant: set XPACKFS_GGML_LIB=$(bash tools/build_ggml_ref.sh) to run the fourth seed as its peer)")
     for r in runs:

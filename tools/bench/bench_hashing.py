@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Hashing at the machine's speed (issue 27): each measure against its peer, in one run.
 
-    python3 tools/bench_hashing.py [--workdir /tmp/xpackfs-bench] [--rounds 3] [--baseline OLD_XPACKFS]
+    python3 tools/bench/bench_hashing.py [--workdir /tmp/xpackfs-bench] [--rounds 3] [--baseline OLD_XPACKFS]
 
-  - `xpackfs digest` of the bench GGUF (tools/bench_common.py: random MXFP4, 8 layers x 32
+  - `xpackfs digest` of the bench GGUF (tools/bench/bench_common.py: random MXFP4, 8 layers x 32
     experts) vs one OpenSSL sha256 stream of the same file (Python's hashlib.file_digest),
     page cache warm;
   - `xpackfs materialize` of its expert pack, first run (empty digest store), vs `cp` + `sync`
@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools/bench"))
 from bench_common import bench_gguf  # noqa: E402
 
 

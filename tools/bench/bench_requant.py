@@ -2,7 +2,7 @@
 """Requantised shards: the mounted view's read throughput (cold chunk cache) against the
 fourth seed's `convert --jobs 2` wall time, on the same fixture, in one run.
 
-    XPACKFS_GGML_LIB=... python3 tools/bench_requant.py [--hidden 2048 --inter 1024 --experts 8 --layers 2]
+    XPACKFS_GGML_LIB=... python3 tools/bench/bench_requant.py [--hidden 2048 --inter 1024 --experts 8 --layers 2]
 """
 import argparse
 import os
@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:

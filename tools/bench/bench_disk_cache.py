@@ -2,7 +2,7 @@
 """The disk cache through real mounts (issue 18), in one run, A and B alternated, medians:
 
     cargo build --release
-    flock /tmp/xpackfs-bench.lock python3 tools/bench_disk_cache.py [--rounds 3] [--only NAME,...]
+    flock /tmp/xpackfs-bench.lock python3 tools/bench/bench_disk_cache.py [--rounds 3] [--only NAME,...]
 
 1. `restart`: the requant view's shards read through a second mount (disk cache warm, page
    cache of the cache directory and the source dropped, fresh mount) vs reading a
@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def drop(paths) -> None:
