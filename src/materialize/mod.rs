@@ -36,16 +36,23 @@ const STATE: &str = ".xpackfs-materialize.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MaterializeError {
-    #[error("{}: {what}", path.display())]
-    Io { path: PathBuf, what: String },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// A state or plan file of an earlier run that is not what this program writes.
+    #[error("{}: not {what}: {source}", path.display())]
+    BadState { path: PathBuf, what: &'static str, source: serde_json::Error },
+    /// A rule of materialize that the output, its state or the request breaks.
     #[error("{0}")]
     Refused(String),
     #[error("{name}: {source}")]
     View { name: String, source: crate::view::ViewError },
+    /// The view's own check of what was written (`--verify`: its manifests' digests).
+    #[error(transparent)]
+    Verify(crate::view::ViewError),
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> MaterializeError + '_ {
-    move |e| MaterializeError::Io { path: path.to_path_buf(), what: e.to_string() }
+    move |source| MaterializeError::Io { path: path.to_path_buf(), source }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -192,7 +199,7 @@ fn verify(built: &Built, out: &Path, results: &[FileResult]) -> Result<(), Mater
         }
     }
     let written: std::collections::HashMap<String, String> = results.iter().map(|r| (r.name.clone(), r.sha256.clone())).collect();
-    built.view.verify(built, out, &written).map_err(|e| MaterializeError::Refused(e.to_string()))
+    built.view.verify(built, out, &written).map_err(MaterializeError::Verify)
 }
 
 /// Write every file of the view under `out`. Returns the per-file results.
@@ -204,7 +211,11 @@ pub fn materialize(built: &Built, out: &Path, opts: &Options) -> Result<Vec<File
     let identity = source_identity(built);
     if opts.resume {
         if let Ok(b) = std::fs::read(&state_path) {
-            let prev: Value = serde_json::from_slice(&b).map_err(|e| MaterializeError::Refused(format!("{}: {e}", state_path.display())))?;
+            let prev: Value = serde_json::from_slice(&b).map_err(|source| MaterializeError::BadState {
+                path: state_path.clone(),
+                what: "a materialize state file",
+                source,
+            })?;
             if prev["source"] != identity {
                 return Err(MaterializeError::Refused(format!(
                     "the source changed since this output was started (identity recorded in {}): start over with --replace",
@@ -294,4 +305,24 @@ pub fn stderr_is_terminal() -> bool {
 
 pub fn flush() {
     let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn io_and_state_errors_keep_their_cause() {
+        let path = Path::new("/out/x.pack");
+        let e = io(path)(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        assert_eq!(e.to_string(), format!("/out/x.pack: {}", std::io::Error::from(std::io::ErrorKind::StorageFull)));
+        let cause = e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("the io::Error is the source");
+        assert_eq!(cause.kind(), std::io::ErrorKind::StorageFull);
+
+        let bad = serde_json::from_slice::<Value>(b"{").unwrap_err();
+        let e = MaterializeError::BadState { path: PathBuf::from("/out/.xpackfs-materialize.json"), what: "a materialize state file", source: bad };
+        assert!(e.to_string().starts_with("/out/.xpackfs-materialize.json: not a materialize state file: EOF"), "{e}");
+        assert!(e.source().and_then(|s| s.downcast_ref::<serde_json::Error>()).is_some());
+    }
 }

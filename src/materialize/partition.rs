@@ -172,7 +172,7 @@ fn record_path(out: &Path, piece: usize) -> PathBuf {
 fn load_plan(out: &Path) -> Result<Option<Plan>, MaterializeError> {
     let path = parts_dir(out).join(PLAN);
     match std::fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| MaterializeError::Refused(format!("{}: not a partition plan: {e}", path.display()))),
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|source| MaterializeError::BadState { path: path.clone(), what: "a partition plan", source }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io(&path)(e)),
     }
