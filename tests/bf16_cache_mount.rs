@@ -24,6 +24,11 @@ fn v4_and_v41_caches_equal_the_reference_conversion() {
         fixture(src.path(), &["--variant", variant]);
         let m = Mount::new(src.path(), &["cache_mb=1"]); // a tiny cache: chunks evicted and recomputed
         check(src.path(), &m.mountpoint);
+        // Requests inside one chunk were replied from the chunk, with no copy in the daemon.
+        let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(m.path(".xpackfs/stats.json")).unwrap()).unwrap();
+        let (held, view) = (stats["bytes_held"].as_u64().unwrap(), stats["bytes_served_by_origin"]["view"].as_u64().unwrap());
+        eprintln!("HELD {held} of {view}");
+        assert!(held > 0 && held <= view, "{stats}");
         // Reading again (manifest digests now remembered, chunks recomputed) gives the same bytes.
         let a = std::fs::read(m.path("non-expert-001.safetensors")).unwrap();
         let b = std::fs::read(m.path("non-expert-001.safetensors")).unwrap();

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use crate::metrics::metric_set;
 use crate::store::{FileEntries, FileLookup, ReadCtx, file_entry_key};
-use crate::view::{Ino, NodeKind, Tree, ViewError};
+use crate::view::{Held, Ino, NodeKind, Tree, ViewError, VirtualFile};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -88,6 +88,9 @@ metric_set! {
         direct_reads: Counter,
         /// Bytes returned to handles opened with O_DIRECT.
         direct_bytes: Counter,
+        /// Bytes replied straight from a chunk or literal held in memory, with no copy into
+        /// a reply buffer in the daemon (reads that lie in one computed or literal extent).
+        bytes_held: Counter,
     }
 }
 
@@ -257,7 +260,7 @@ impl Fs {
         self.files.as_ref()
     }
 
-    fn vfile(&self, ino: Ino) -> Option<&Arc<crate::view::VirtualFile>> {
+    fn vfile(&self, ino: Ino) -> Option<&Arc<VirtualFile>> {
         match self.tree.get(ino).map(|n| &n.kind) {
             Some(NodeKind::File(f)) => Some(f),
             _ => None,
@@ -414,21 +417,53 @@ impl Fs {
             }
             NodeKind::Dir { .. } => return Err(FsError::IsDir(ino)),
         };
+        let started = std::time::Instant::now();
+        let result = if piece == 0 || buf.len() <= piece { f.read_at(offset, buf, ctx) } else { read_in_pieces(f, offset, buf, ctx, piece) };
+        self.counted(&node.name, f, ctx, started, result, |n| *n)
+    }
+
+    /// [`Fs::read`] of up to `len` bytes without copying them, where the view holds them
+    /// ([`crate::view::VirtualFile::read_held`]: the request lies in one literal or computed
+    /// extent); counted as `read` counts, and in `bytes_held`. `None`, with nothing read or
+    /// counted, for every other request (status files included): `read` serves those.
+    pub fn read_held(&self, ino: Ino, offset: u64, len: usize, ctx: ReadCtx) -> Result<Option<Held>, FsError> {
+        let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
+        let NodeKind::File(f) = &node.kind else { return Ok(None) };
+        let started = std::time::Instant::now();
+        let result = match f.read_held(offset, len, ctx) {
+            Ok(None) => return Ok(None),
+            Ok(Some(held)) => Ok(held),
+            Err(e) => Err(e),
+        };
+        let held = self.counted(&node.name, f, ctx, started, result, |h| h.as_slice().len())?;
+        self.stats.counts.bytes_held.inc_by(held.as_slice().len() as u64);
+        Ok(Some(held))
+    }
+
+    /// Count one read of `f` (named `name`) in `ctx`, begun at `started`, that gave `result`
+    /// (`bytes` of it), in the read metrics; its error named.
+    fn counted<T>(
+        &self,
+        name: &str,
+        f: &VirtualFile,
+        ctx: ReadCtx,
+        started: std::time::Instant,
+        result: Result<T, ViewError>,
+        bytes: impl Fn(&T) -> usize,
+    ) -> Result<T, FsError> {
         self.stats.counts.reads.inc();
         if ctx.direct {
             self.stats.counts.direct_reads.inc();
         }
-        let started = std::time::Instant::now();
-        let result = if piece == 0 || buf.len() <= piece { f.read_at(offset, buf, ctx) } else { read_in_pieces(f, offset, buf, ctx, piece) };
-        let result = result.map_err(|source| FsError::Read { path: node.name.clone(), source });
+        let result = result.map_err(|source| FsError::Read { path: name.to_string(), source });
         let micros = started.elapsed().as_micros() as u64;
-        self.stats.record_read(result.as_ref().map(|n| *n).map_err(FsError::errno), ctx.direct, f.is_identity(), micros);
+        self.stats.record_read(result.as_ref().map(&bytes).map_err(FsError::errno), ctx.direct, f.is_identity(), micros);
         result
     }
 }
 
 /// `f.read_at` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
-fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, ViewError> {
+fn read_in_pieces(f: &VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, ViewError> {
     let want = (buf.len() as u64).min(f.size().saturating_sub(offset)) as usize;
     let mut pieces = Vec::new();
     let (mut rest, mut pos) = (&mut buf[..want], offset);
@@ -450,7 +485,7 @@ fn read_in_pieces(f: &crate::view::VirtualFile, offset: u64, buf: &mut [u8], ctx
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{ROOT_INO, VirtualFile};
+    use crate::view::ROOT_INO;
 
     fn fs() -> Fs {
         let mut t = Tree::new();
@@ -521,6 +556,29 @@ mod tests {
             let n = fs.read(ino, NO_HANDLE, off as u64, &mut buf, ReadCtx::CLIENT, 4096).unwrap();
             assert_eq!(&buf[..n], &whole[off.min(whole.len())..(off + len).min(whole.len())], "offset {off} len {len}");
         }
+    }
+
+    /// A request inside one literal is replied from it, counted once as a read and in
+    /// `bytes_held`; one across extents, or of a status file, is left to `read` uncounted.
+    #[test]
+    fn held_reads_are_counted_once() {
+        let mut t = Tree::new();
+        let mut f = VirtualFile::new();
+        f.push(crate::view::Extent::Bytes(Arc::from(&b"abcdef"[..])));
+        f.push(crate::view::Extent::Zeros(4));
+        t.add_file(ROOT_INO, "f", f);
+        t.add_dynamic(ROOT_INO, "s", Arc::new(|| b"status".to_vec()));
+        let fs = Fs::new(t, Ownership { uid: 0, gid: 0, read_bits: 0o444, mtime: SystemTime::UNIX_EPOCH });
+        let ino = fs.lookup(ROOT_INO, "f").unwrap().ino;
+        let held = fs.read_held(ino, 1, 3, ReadCtx::CLIENT).unwrap().unwrap();
+        assert_eq!(held.as_slice(), b"bcd");
+        assert!(fs.read_held(ino, 4, 4, ReadCtx::CLIENT).unwrap().is_none(), "across extents");
+        assert!(fs.read_held(ino, 7, 2, ReadCtx::CLIENT).unwrap().is_none(), "zeros");
+        let status = fs.lookup(ROOT_INO, "s").unwrap().ino;
+        assert!(fs.read_held(status, 0, 3, ReadCtx::CLIENT).unwrap().is_none());
+        let c = fs.stats.counts.snapshot();
+        assert_eq!((c.reads, c.bytes_served, c.bytes_held), (1, 3, 3));
+        assert_eq!(fs.read_held(999, 0, 1, ReadCtx::CLIENT).unwrap_err().errno(), libc::ENOENT);
     }
 
     #[test]

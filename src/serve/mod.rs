@@ -323,6 +323,7 @@ fn stats_content(
             "read_errors": counts.read_errors,
             "direct_reads": counts.direct_reads,
             "direct_bytes": counts.direct_bytes,
+            "bytes_held": counts.bytes_held,
             "bytes_served_by_origin": {
                 "identity": stats.served_by_origin.get(&[("origin", "identity")]).map_or(0, |c| c.get()),
                 "view": stats.served_by_origin.get(&[("origin", "view")]).map_or(0, |c| c.get()),

@@ -4,6 +4,9 @@
 //! `materialize` and the file entries written in the background all call it, so a mount and
 //! a materialized copy cannot disagree. Each read carries a [`ReadCtx`] (who reads, at what
 //! priority, with direct I/O or not), which it hands down to the chunk producers.
+//! [`VirtualFile::read_held`] is the same read without the copy, for the FUSE adapter: a
+//! request that lies in one literal or computed extent is answered from the bytes held in
+//! memory (the chunk as its producer returned it).
 
 use std::sync::{Arc, OnceLock};
 
@@ -140,7 +143,7 @@ impl VirtualFile {
             return Ok(0);
         }
         let want = (buf.len() as u64).min(self.size - offset) as usize;
-        let mut idx = self.extents.partition_point(|(start, _)| *start <= offset) - 1;
+        let mut idx = self.extent_at(offset);
         let mut done = 0usize;
         while done < want {
             let (start, extent) = &self.extents[idx];
@@ -154,10 +157,7 @@ impl VirtualFile {
                 Extent::Source { file, offset: src, .. } if ctx.direct => file.read_exact_at_direct(out, src + within)?,
                 Extent::Source { file, offset: src, .. } => file.read_exact_at(out, src + within)?,
                 Extent::Computed { producer, id, len } => {
-                    let chunk = producer.chunk(*id, ctx)?;
-                    if chunk.len() as u64 != *len {
-                        return Err(ViewError::Internal(format!("computed chunk {id} has {} bytes, its extent {len}", chunk.len())));
-                    }
+                    let chunk = computed(&**producer, *id, *len, ctx)?;
                     out.copy_from_slice(&chunk[within as usize..within as usize + n]);
                 }
             }
@@ -168,6 +168,38 @@ impl VirtualFile {
             self.read_ahead(idx, ctx);
         }
         Ok(want)
+    }
+
+    /// [`VirtualFile::read_at`] of up to `len` bytes at `offset` without copying them, when
+    /// the read (cut at the end of the file) lies in one literal or computed extent: its
+    /// bytes as held in memory (the literal, or the chunk as its producer returned it, read
+    /// ahead as `read_at` does). `None`, with nothing read, for every other read (empty, at
+    /// or past the end, across extents, of source bytes or zeros): `read_at` serves those.
+    pub fn read_held(&self, offset: u64, len: usize, ctx: ReadCtx) -> Result<Option<Held>, ViewError> {
+        if offset >= self.size || len == 0 {
+            return Ok(None);
+        }
+        let want = (len as u64).min(self.size - offset);
+        let idx = self.extent_at(offset);
+        let (start, extent) = &self.extents[idx];
+        let within = offset - start;
+        if within + want > extent.len() {
+            return Ok(None);
+        }
+        let bytes = match extent {
+            Extent::Bytes(b) => b.clone(),
+            Extent::Computed { producer, id, len } => computed(&**producer, *id, *len, ctx)?,
+            Extent::Source { .. } | Extent::Zeros(_) => return Ok(None),
+        };
+        if ctx.reads_ahead() {
+            self.read_ahead(idx + 1, ctx);
+        }
+        Ok(Some(Held { bytes, start: within as usize, len: want as usize }))
+    }
+
+    /// The index of the extent holding byte `offset` (< the size).
+    fn extent_at(&self, offset: u64) -> usize {
+        self.extents.partition_point(|(start, _)| *start <= offset) - 1
     }
 
     /// Prefetch the computed extents from `idx` on that start within [`READ_AHEAD_BYTES`] of
@@ -184,6 +216,35 @@ impl VirtualFile {
                 producer.prefetch(*id, ctx);
             }
         }
+    }
+}
+
+/// Chunk `id` of `producer` for a reader in `ctx`, checked to be as long as its extent.
+fn computed(producer: &dyn ChunkProducer, id: u64, len: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+    let chunk = producer.chunk(id, ctx)?;
+    if chunk.len() as u64 != len {
+        return Err(ViewError::Internal(format!("computed chunk {id} has {} bytes, its extent {len}", chunk.len())));
+    }
+    Ok(chunk)
+}
+
+/// Bytes of a read as held in memory ([`VirtualFile::read_held`]): a range of a literal or
+/// of a computed chunk, kept alive by its reference count while the reply is sent.
+#[derive(Debug, Clone)]
+pub struct Held {
+    bytes: Arc<[u8]>,
+    start: usize,
+    len: usize,
+}
+
+impl Held {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+
+    /// Whether these are bytes of `chunk` itself (not a copy).
+    pub fn is_in(&self, chunk: &Arc<[u8]>) -> bool {
+        Arc::ptr_eq(&self.bytes, chunk)
     }
 }
 
@@ -480,5 +541,60 @@ mod tests {
                 assert_eq!(&buf[..n], expect, "start {start} len {len}");
             }
         }
+    }
+
+    /// A read held in one literal or computed extent is that extent's bytes, uncopied; every
+    /// other read is left to `read_at` (and reads nothing). Held bytes equal `read_at`'s.
+    #[test]
+    fn held_reads_are_the_extents_own_bytes() {
+        #[derive(Debug)]
+        struct Kept(Arc<[u8]>);
+        impl ChunkProducer for Kept {
+            fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+                Ok(self.0.clone())
+            }
+        }
+        let chunk: Arc<[u8]> = Arc::from(&[10u8, 11, 12, 13, 14][..]);
+        let literal: Arc<[u8]> = Arc::from(&b"abc"[..]);
+        let mut f = VirtualFile::new();
+        f.push(Extent::Bytes(literal.clone()));
+        f.push(Extent::Zeros(3));
+        f.push(Extent::Computed { producer: Arc::new(Kept(chunk.clone())), id: 1, len: 5 });
+        let whole: Vec<u8> = [&b"abc"[..], &[0, 0, 0], &[10, 11, 12, 13, 14]].concat();
+        for start in 0..=whole.len() + 1 {
+            for len in 0..=whole.len() + 1 {
+                let held = f.read_held(start as u64, len, ReadCtx::CLIENT).unwrap();
+                let end = (start + len).min(whole.len());
+                let one_extent = start < end && ((start < 3 && end <= 3) || (start >= 6));
+                assert_eq!(held.is_some(), one_extent, "start {start} len {len}");
+                if let Some(h) = held {
+                    assert_eq!(h.as_slice(), &whole[start..end], "start {start} len {len}");
+                    assert!(h.is_in(if start < 3 { &literal } else { &chunk }), "start {start}: a copy");
+                }
+            }
+        }
+        // A chunk of the wrong length is refused, as by read_at.
+        let mut bad = VirtualFile::new();
+        bad.push(Extent::Computed { producer: Arc::new(Kept(chunk)), id: 0, len: 6 });
+        assert!(matches!(bad.read_held(0, 2, ReadCtx::CLIENT), Err(ViewError::Internal(_))));
+    }
+
+    /// A held read looks ahead of itself as `read_at` does (for clients only).
+    #[test]
+    fn held_reads_read_ahead_like_copied_ones() {
+        let src = Arc::new(Prefetched::default());
+        let mut f = VirtualFile::new();
+        for id in 0..6 {
+            f.push(Extent::Computed { producer: src.clone(), id, len: 1 << 20 });
+        }
+        let mut buf = vec![0u8; 4096];
+        for at in [0, 3 << 20] {
+            f.read_at(at, &mut buf, ReadCtx::CLIENT).unwrap();
+            let copied = std::mem::take(&mut *src.0.lock());
+            assert!(f.read_held(at, 4096, ReadCtx::CLIENT).unwrap().is_some());
+            assert_eq!(std::mem::take(&mut *src.0.lock()), copied, "at {at}");
+        }
+        assert!(f.read_held(0, 4096, ReadCtx::BACKGROUND).unwrap().is_some());
+        assert!(src.0.lock().is_empty());
     }
 }
