@@ -106,11 +106,20 @@ fn a_restarted_mount_computes_nothing_and_serves_the_seeds_bytes() {
     let s1 = stats(&first);
     first.unmount();
     assert!(computed(&s1) > 0 && s1["disk_cache"]["writes"].as_u64().unwrap() > 0, "{s1}");
+    // Served bytes by origin (the tier each chunk was found in when read; manifests are
+    // computed on first read): none from disk on the first mount.
+    let served = |s: &serde_json::Value, origin: &str| s["bytes_served_by_origin"][origin].as_u64().unwrap();
+    let total = |s: &serde_json::Value| ["identity", "as_is", "memory", "disk", "computed"].iter().map(|o| served(s, o)).sum::<u64>();
+    assert!(served(&s1, "computed") > 0 && served(&s1, "disk") == 0 && total(&s1) == s1["bytes_served"].as_u64().unwrap(), "{s1}");
     let second = Mount::new(&src, &opts(&["view=requant"], &c));
     let b = read_all(&second.mountpoint);
     let s2 = stats(&second);
     second.unmount();
     assert_eq!(computed(&s2), 0, "the second mount computed chunks: {s2}");
+    // Every chunk byte read once, each from the disk cache: by this read, or by its
+    // read-ahead into memory.
+    assert_eq!(served(&s2, "disk") + served(&s2, "memory"), s2["cache"]["bytes_from_disk"].as_u64().unwrap(), "{s2}");
+    assert_eq!(total(&s2), s2["bytes_served"].as_u64().unwrap(), "{s2}");
     assert_eq!(s2["compute"]["runs_read"].as_u64(), Some(0), "{s2}");
     assert_eq!(s2["cache"]["bytes_from_disk"], s1["cache"]["bytes_computed"], "{s2}");
     assert_eq!(s2["disk_cache"]["corrupt"].as_u64(), Some(0));

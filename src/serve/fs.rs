@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use crate::metrics::metric_set;
 use crate::store::{FileEntries, FileLookup, ReadCtx, file_entry_key};
-use crate::view::{Held, Ino, NodeKind, Tree, ViewError, VirtualFile};
+use crate::view::{Held, Ino, NodeKind, Tally, Tree, ViewError, VirtualFile};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -99,9 +99,10 @@ metric_set! {
 #[derive(Debug, Default)]
 pub struct Stats {
     pub counts: ReadCounters,
-    /// Bytes served by origin: `identity` (files made only of source bytes, the expert
-    /// pack), `view` (files with computed parts; which tier each chunk came from is counted
-    /// by the memory tier: `cache` hits, `bytes_from_disk`, `bytes_computed`).
+    /// Bytes served by origin ([`ORIGINS`]): `identity` (files made only of source bytes,
+    /// literals and zeros: the expert pack), and for files with computed parts: `as_is` (their
+    /// literal, zero and source bytes: headers, padding, tensors passed through) and their
+    /// chunks' by the tier they were found in (`memory`, `disk`, `computed`).
     pub served_by_origin: crate::metrics::Labelled,
     /// Failed reads by errno name.
     pub errors_by_errno: crate::metrics::Labelled,
@@ -109,6 +110,9 @@ pub struct Stats {
     /// Failed requests other than reads, by operation and errno name.
     pub op_errors: crate::metrics::Family<[(&'static str, &'static str); 2], crate::metrics::Counter>,
 }
+
+/// The origins of served bytes ([`Stats::served_by_origin`]).
+pub const ORIGINS: [&str; 5] = ["identity", "as_is", "memory", "disk", "computed"];
 
 /// The operations other than reads whose failures [`Stats::op_errors`] counts.
 pub const OPS: [&str; 6] = ["lookup", "getattr", "open", "opendir", "readdir", "statfs"];
@@ -119,7 +123,7 @@ impl Stats {
         self.counts.register(registry);
         registry.register(
             "served_bytes",
-            "Bytes returned to readers of view files, by origin: identity (files made only of source bytes) or view (files with computed parts)",
+            "Bytes returned to readers of view files, by origin: identity (files made only of source bytes, literals and zeros); for files with computed parts, as_is (their literal and source bytes), memory, disk or computed (their chunks, by the tier each was found in)",
             self.served_by_origin.clone(),
         );
         registry.register("read_errors_by_errno", "Reads of view files that failed, by errno", self.errors_by_errno.clone());
@@ -149,14 +153,21 @@ impl Stats {
         out.into()
     }
 
-    fn record_read(&self, result: Result<usize, i32>, direct: bool, identity: bool, micros: u64) {
+    fn record_read(&self, result: Result<Tally, i32>, direct: bool, identity: bool, micros: u64) {
         self.latency.record(micros);
         match result {
-            Ok(n) => {
-                self.counts.bytes_served.inc_by(n as u64);
-                self.served_by_origin.get_or_create(&[("origin", if identity { "identity" } else { "view" })]).inc_by(n as u64);
+            Ok(t) => {
+                let n = t.total();
+                self.counts.bytes_served.inc_by(n);
+                if identity {
+                    self.served(ORIGINS[0], n);
+                } else {
+                    for (origin, b) in ORIGINS[1..].iter().zip([t.as_is, t.memory, t.disk, t.computed]) {
+                        self.served(origin, b);
+                    }
+                }
                 if direct {
-                    self.counts.direct_bytes.inc_by(n as u64);
+                    self.counts.direct_bytes.inc_by(n);
                 }
             }
             Err(errno) => {
@@ -164,6 +175,21 @@ impl Stats {
                 self.errors_by_errno.get_or_create(&[("errno", errno_name(errno))]).inc();
             }
         }
+    }
+
+    fn served(&self, origin: &'static str, n: u64) {
+        if n > 0 {
+            self.served_by_origin.get_or_create(&[("origin", origin)]).inc_by(n);
+        }
+    }
+
+    /// [`Stats::served_by_origin`] as `{origin: bytes}`, every origin.
+    pub fn served_json(&self) -> serde_json::Value {
+        ORIGINS
+            .iter()
+            .map(|o| (o.to_string(), self.served_by_origin.get(&[("origin", *o)]).map_or(0, |c| c.get()).into()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 
     /// Upper bound (microseconds) of the bucket holding quantile `q` of recorded reads.
@@ -418,8 +444,8 @@ impl Fs {
             NodeKind::Dir { .. } => return Err(FsError::IsDir(ino)),
         };
         let started = std::time::Instant::now();
-        let result = if piece == 0 || buf.len() <= piece { f.read_at(offset, buf, ctx) } else { read_in_pieces(f, offset, buf, ctx, piece) };
-        self.counted(&node.name, f, ctx, started, result, |n| *n)
+        let result = if piece == 0 || buf.len() <= piece { f.read_tallied(offset, buf, ctx) } else { read_in_pieces(f, offset, buf, ctx, piece) };
+        self.counted(&node.name, f, ctx, started, result, |t| *t).map(|t| t.total() as usize)
     }
 
     /// [`Fs::read`] of up to `len` bytes without copying them, where the view holds them
@@ -435,13 +461,13 @@ impl Fs {
             Ok(Some(held)) => Ok(held),
             Err(e) => Err(e),
         };
-        let held = self.counted(&node.name, f, ctx, started, result, |h| h.as_slice().len())?;
+        let held = self.counted(&node.name, f, ctx, started, result, Held::tally)?;
         self.stats.counts.bytes_held.inc_by(held.as_slice().len() as u64);
         Ok(Some(held))
     }
 
     /// Count one read of `f` (named `name`) in `ctx`, begun at `started`, that gave `result`
-    /// (`bytes` of it), in the read metrics; its error named.
+    /// (`bytes` of it, by origin), in the read metrics; its error named.
     fn counted<T>(
         &self,
         name: &str,
@@ -449,7 +475,7 @@ impl Fs {
         ctx: ReadCtx,
         started: std::time::Instant,
         result: Result<T, ViewError>,
-        bytes: impl Fn(&T) -> usize,
+        bytes: impl Fn(&T) -> Tally,
     ) -> Result<T, FsError> {
         self.stats.counts.reads.inc();
         if ctx.direct {
@@ -463,23 +489,23 @@ impl Fs {
 }
 
 /// `f.read_at` of `buf` at `offset` as pieces of at most `piece` bytes run at once.
-fn read_in_pieces(f: &VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<usize, ViewError> {
+fn read_in_pieces(f: &VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, piece: usize) -> Result<Tally, ViewError> {
     let want = (buf.len() as u64).min(f.size().saturating_sub(offset)) as usize;
     let mut pieces = Vec::new();
     let (mut rest, mut pos) = (&mut buf[..want], offset);
     while !rest.is_empty() {
         let cut = (piece as u64 - pos % piece as u64) as usize;
         let (head, tail) = rest.split_at_mut(cut.min(rest.len()));
-        pieces.push((pos, head, Ok(0)));
+        pieces.push((pos, head, Ok(Tally::default())));
         pos += cut as u64;
         rest = tail;
     }
     rayon::scope(|s| {
         for (pos, out, result) in pieces.iter_mut() {
-            s.spawn(move |_| *result = f.read_at(*pos, out, ctx));
+            s.spawn(move |_| *result = f.read_tallied(*pos, out, ctx));
         }
     });
-    pieces.into_iter().try_fold(0, |n, (_, _, r)| Ok(n + r?))
+    pieces.into_iter().try_fold(Tally::default(), |t, (_, _, r)| Ok(t.plus(r?)))
 }
 
 #[cfg(test)]
@@ -581,22 +607,49 @@ mod tests {
         assert_eq!(fs.read_held(999, 0, 1, ReadCtx::CLIENT).unwrap_err().errno(), libc::ENOENT);
     }
 
+    /// Bytes of a file with computed parts are counted by origin: its literal bytes as
+    /// `as_is`, its chunks' by the tier the producer found them in; copied or held alike.
+    #[test]
+    fn served_bytes_by_origin_follow_the_chunks_tier() {
+        #[derive(Debug)]
+        struct FromDisk;
+        impl crate::view::ChunkProducer for FromDisk {
+            fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<crate::view::Chunk, ViewError> {
+                Ok(crate::view::Chunk { bytes: Arc::from(&[7u8; 100][..]), tier: crate::store::Tier::Disk })
+            }
+        }
+        let mut t = Tree::new();
+        let mut f = VirtualFile::new();
+        f.push(crate::view::Extent::Bytes(Arc::from(&b"head"[..])));
+        f.push(crate::view::Extent::Computed { producer: Arc::new(FromDisk), id: 0, len: 100 });
+        t.add_file(ROOT_INO, "f", f);
+        let fs = Fs::new(t, Ownership { uid: 0, gid: 0, read_bits: 0o444, mtime: SystemTime::UNIX_EPOCH });
+        let ino = fs.lookup(ROOT_INO, "f").unwrap().ino;
+        let mut buf = [0u8; 10];
+        assert_eq!(fs.read(ino, NO_HANDLE, 0, &mut buf, ReadCtx::CLIENT, 0).unwrap(), 10);
+        assert_eq!(fs.read_held(ino, 50, 30, ReadCtx::CLIENT).unwrap().unwrap().as_slice(), &[7u8; 30]);
+        assert_eq!(fs.stats.served_json(), serde_json::json!({"identity": 0, "as_is": 4, "memory": 0, "disk": 36, "computed": 0}));
+    }
+
     #[test]
     fn read_metrics() {
         let s = Stats::default();
-        s.record_read(Ok(10), false, true, 3);
-        s.record_read(Ok(5), true, false, 100);
+        s.record_read(Ok(Tally { as_is: 10, ..Tally::default() }), false, true, 3);
+        s.record_read(Ok(Tally { as_is: 1, memory: 2, computed: 2, disk: 0 }), true, false, 100);
         s.record_read(Err(libc::EIO), false, false, 5000);
         let c = s.counts.snapshot();
         assert_eq!((c.bytes_served, c.direct_bytes, c.read_errors), (15, 5, 1));
         assert_eq!(s.latency_quantile(0.5), 128);
+        assert_eq!(s.served_json(), serde_json::json!({"identity": 10, "as_is": 1, "memory": 2, "disk": 0, "computed": 2}));
         let mut r = crate::metrics::Registry::with_prefix("xpackfs");
         s.register(&mut r);
         let text = crate::metrics::render(&r);
         for line in [
             "xpackfs_bytes_served_total 15\n",
             "xpackfs_served_bytes_total{origin=\"identity\"} 10\n",
-            "xpackfs_served_bytes_total{origin=\"view\"} 5\n",
+            "xpackfs_served_bytes_total{origin=\"as_is\"} 1\n",
+            "xpackfs_served_bytes_total{origin=\"memory\"} 2\n",
+            "xpackfs_served_bytes_total{origin=\"computed\"} 2\n",
             "xpackfs_read_errors_by_errno_total{errno=\"EIO\"} 1\n",
             "xpackfs_read_latency_seconds_count 3\n",
         ] {

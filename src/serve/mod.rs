@@ -324,10 +324,7 @@ fn stats_content(
             "direct_reads": counts.direct_reads,
             "direct_bytes": counts.direct_bytes,
             "bytes_held": counts.bytes_held,
-            "bytes_served_by_origin": {
-                "identity": stats.served_by_origin.get(&[("origin", "identity")]).map_or(0, |c| c.get()),
-                "view": stats.served_by_origin.get(&[("origin", "view")]).map_or(0, |c| c.get()),
-            },
+            "bytes_served_by_origin": stats.served_json(),
             "read_latency_us": {
                 "p50": stats.latency_quantile(0.50),
                 "p90": stats.latency_quantile(0.90),

@@ -6,7 +6,9 @@
 //!
 //! Every chunk that enters records its [`Origin`], so `bytes_computed` counts only bytes
 //! computed by this process (a chunk read back from the disk cache counts in
-//! `bytes_from_disk`), each once.
+//! `bytes_from_disk`), each once. A read learns the [`Tier`] its chunk was found in (in
+//! memory, or loaded from disk or computed for it or for the load it waited for), which the
+//! mount's served-bytes metric splits by.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,8 +75,28 @@ struct Lru {
     bytes: usize,
 }
 
-/// A load in flight: its result, once known.
-type Load<E> = Option<Result<Arc<[u8]>, Arc<E>>>;
+/// Where the chunk a read got was found: the split of served bytes by origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// In memory when asked for.
+    Memory,
+    /// Read from the disk cache for this read (or for a load it waited for).
+    Disk,
+    /// Computed for this read (or for a load or compute job it waited for).
+    Computed,
+}
+
+impl From<Origin> for Tier {
+    fn from(o: Origin) -> Tier {
+        match o {
+            Origin::Disk => Tier::Disk,
+            Origin::Computed | Origin::Counted => Tier::Computed,
+        }
+    }
+}
+
+/// A load in flight: its result (and where it came from), once known.
+type Load<E> = Option<Result<(Arc<[u8]>, Origin), Arc<E>>>;
 
 /// `E`: the error of the loads it runs (the views' error), shared with the readers that
 /// waited for a failed load.
@@ -185,22 +207,22 @@ impl<E> ChunkCache<E> {
 }
 
 impl<E: ChunkError> ChunkCache<E> {
-    /// The chunk at `key`, loading it with `load` (which says where the bytes came from) if
-    /// no one has it or is loading it.
-    pub fn get_or_load(&self, key: Key, load: impl FnOnce() -> Result<(Arc<[u8]>, Origin), E>) -> Result<Arc<[u8]>, E> {
+    /// The chunk at `key`, and the tier it was found in, loading it with `load` (which says
+    /// where the bytes came from) if no one has it or is loading it.
+    pub fn get_or_load(&self, key: Key, load: impl FnOnce() -> Result<(Arc<[u8]>, Origin), E>) -> Result<(Arc<[u8]>, Tier), E> {
         if let Some(v) = self.get(&key) {
-            return Ok(v);
+            return Ok((v, Tier::Memory));
         }
         // Looked up again under the flights' lock: a load may have just landed.
         let flight = match self.loads.join(key, || self.lookup(&key), || None) {
             Joined::Found(v) => {
                 self.stats.hits.inc();
-                return Ok(v);
+                return Ok((v, Tier::Memory));
             }
             Joined::Joiner(f) => {
                 self.stats.waits.inc();
                 return match f.wait_until(Option::is_some).as_ref() {
-                    Some(Ok(v)) => Ok(v.clone()),
+                    Some(Ok((v, origin))) => Ok((v.clone(), Tier::from(*origin))),
                     Some(Err(e)) => Err(E::shared(e.clone())),
                     None => Err(E::internal("chunk computation ended without a result".into())),
                 };
@@ -209,20 +231,17 @@ impl<E: ChunkError> ChunkCache<E> {
         };
         self.stats.misses.inc();
         // A panic in `load` must not leave waiters hanging.
-        let result: Result<Arc<[u8]>, Arc<E>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
+        let result: Result<(Arc<[u8]>, Origin), Arc<E>> = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load))
             .unwrap_or_else(|_| Err(E::internal("chunk computation panicked".into())))
-            .map(|(v, origin)| {
-                self.record(v.len(), origin);
-                v
-            })
+            .inspect(|(v, origin)| self.record(v.len(), *origin))
             .map_err(Arc::new);
-        if let Ok(v) = &result {
+        if let Ok((v, _)) = &result {
             self.insert(key, v.clone());
         }
         *flight.lock() = Some(result.clone());
         flight.notify();
         self.loads.land(&flight);
-        result.map_err(E::shared)
+        result.map(|(v, origin)| (v, Tier::from(origin))).map_err(E::shared)
     }
 }
 
@@ -237,7 +256,7 @@ mod tests {
     impl<E: ChunkError> ChunkCache<E> {
         /// The chunk at `key`, computing it with `compute` if no one has it or is computing it.
         fn get_or_compute<V: Into<Arc<[u8]>>>(&self, key: Key, compute: impl FnOnce() -> Result<V, E>) -> Result<Arc<[u8]>, E> {
-            self.get_or_load(key, || compute().map(|v| (v.into(), Origin::Computed)))
+            self.get_or_load(key, || compute().map(|v| (v.into(), Origin::Computed))).map(|(v, _)| v)
         }
     }
 

@@ -31,6 +31,6 @@ pub use ctx::{ReadCtx, Reader};
 pub use disk::{DiskCache, DiskKey, FileLookup, KeyBuilder, Mode as DiskMode, ProducerKey};
 pub use error::{ChunkError, Panicked};
 pub use file_entries::{FileEntries, StoredFile, key as file_entry_key};
-pub use memory::{CacheSnapshot, ChunkCache};
+pub use memory::{CacheSnapshot, ChunkCache, Tier};
 pub use options::Options;
 pub use tiers::{Group, Tiers, Warmed};

@@ -25,7 +25,7 @@ use super::compute::{After, ComputePool, Job, Parts, PoolConfig, Priority};
 use super::ctx::ReadCtx;
 use super::disk::{DiskCache, DiskKey};
 use super::flight::{Flights, Joined};
-use super::memory::{self as cache, ChunkCache, Origin};
+use super::memory::{self as cache, ChunkCache, Origin, Tier};
 use super::options::Options;
 
 /// What one job computes: one chunk or several siblings, each with its memory and disk key.
@@ -164,24 +164,24 @@ impl<E: ChunkError> Tiers<E> {
         Ok(Tiers::new(Arc::new(ChunkCache::new(mem_bytes)), disk, Arc::new(pool)))
     }
 
-    /// Part `idx` of `group`: from memory, else from disk, else computed on the pool at
-    /// `ctx.priority` (this thread waits for this group only; not at all if `ctx` may not
-    /// compute: an error), then kept on disk, and in memory if `ctx` lets it in. The one read
-    /// function of the tiers.
-    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) -> Result<Arc<[u8]>, E> {
+    /// Part `idx` of `group`, and the tier it was found in: from memory, else from disk,
+    /// else computed on the pool at `ctx.priority` (this thread waits for this group only;
+    /// not at all if `ctx` may not compute: an error), then kept on disk, and in memory if
+    /// `ctx` lets it in. The one read function of the tiers.
+    pub fn get(&self, group: &Arc<Group<E>>, idx: usize, ctx: ReadCtx) -> Result<(Arc<[u8]>, Tier), E> {
         let prio = ctx.priority;
         let (mem_key, disk_key) = *group.parts.get(idx).ok_or_else(|| E::internal(format!("{group:?} has no part {idx}")))?;
         if !ctx.memory {
             // Memory is left as clients left it: no entry, no LRU move.
             if let Some(bytes) = self.mem.get_untouched(&mem_key) {
-                return Ok(bytes);
+                return Ok((bytes, Tier::Memory));
             }
             let (bytes, origin) = self.load(group, idx, disk_key, ctx, false)?;
             self.mem.record(bytes.len(), origin);
-            return Ok(bytes);
+            return Ok((bytes, origin.into()));
         }
         if let Some(bytes) = self.mem.get(&mem_key) {
-            return Ok(bytes);
+            return Ok((bytes, Tier::Memory));
         }
         if prio == Priority::Read {
             // A prefetch may be computing it at background priority (and hold the memory
@@ -344,18 +344,21 @@ mod tests {
         let fx = Fixture::new();
         let t = fx.tiers();
         let g = fx.chunk(3);
-        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
+        let (bytes, tier) = t.get(&g, 0, ReadCtx::CLIENT).unwrap();
+        assert_eq!((&*bytes, tier), (&expect(3)[..], Tier::Computed));
         assert_eq!(fx.calls.load(Relaxed), 1);
         settle(&t.pool);
         assert_eq!(t.mem.stats.bytes_computed.get(), 1000, "computed bytes counted once");
-        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
+        let (bytes, tier) = t.get(&g, 0, ReadCtx::CLIENT).unwrap();
+        assert_eq!((&*bytes, tier), (&expect(3)[..], Tier::Memory));
         assert_eq!((fx.calls.load(Relaxed), t.mem.stats.hits.get()), (1, 1));
         let d = t.disk.as_ref().unwrap().snapshot();
         assert_eq!((d.writes, d.hits), (1, 0));
 
         // Restart: served from disk, nothing computed, nothing counted as computed.
         let t2 = fx.tiers();
-        assert_eq!(&*t2.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
+        let (bytes, tier) = t2.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap();
+        assert_eq!((&*bytes, tier), (&expect(3)[..], Tier::Disk));
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t2.mem.stats.bytes_computed.get(), 0);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 1);
@@ -366,7 +369,8 @@ mod tests {
         raw[100] ^= 1;
         std::fs::write(&path, raw).unwrap();
         let t3 = fx.tiers();
-        assert_eq!(&*t3.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap(), &expect(3)[..]);
+        let (bytes, tier) = t3.get(&fx.chunk(3), 0, ReadCtx::CLIENT).unwrap();
+        assert_eq!((&*bytes, tier), (&expect(3)[..], Tier::Computed));
         assert_eq!(fx.calls.load(Relaxed), 2);
         assert_eq!(t3.disk.as_ref().unwrap().snapshot().corrupt, 1);
         settle(&t3.pool);
@@ -384,17 +388,17 @@ mod tests {
         };
         let t = fx.tiers();
         let g = group(fx.calls.clone());
-        assert_eq!(&*t.get(&g, 1, ReadCtx::CLIENT).unwrap(), &[1u8; 101][..]);
+        assert_eq!(&*t.get(&g, 1, ReadCtx::CLIENT).unwrap().0, &[1u8; 101][..]);
         settle(&t.pool);
         for i in 0..3 {
-            assert_eq!(&*t.get(&g, i, ReadCtx::CLIENT).unwrap(), &vec![i as u8; 100 + i][..]);
+            assert_eq!(&*t.get(&g, i, ReadCtx::CLIENT).unwrap().0, &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t.mem.stats.bytes_computed.get(), 303);
         let t2 = fx.tiers();
         let g2 = group(fx.calls.clone());
         for i in [2, 0, 1] {
-            assert_eq!(&*t2.get(&g2, i, ReadCtx::CLIENT).unwrap(), &vec![i as u8; 100 + i][..]);
+            assert_eq!(&*t2.get(&g2, i, ReadCtx::CLIENT).unwrap().0, &vec![i as u8; 100 + i][..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert_eq!(t2.disk.as_ref().unwrap().snapshot().hits, 3);
@@ -412,7 +416,7 @@ mod tests {
         while tt.mem.bytes() == 0 && t0.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &expect(5)[..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap().0, &expect(5)[..]);
         assert_eq!(fx.calls.load(Relaxed), 1);
         assert!(t.mem.stats.hits.get() >= 1);
 
@@ -433,7 +437,7 @@ mod tests {
         }
         let (tt, s) = (t.clone(), slow.clone());
         let got = within("a read of a chunk a prefetch is computing", move || tt.get(&s, 0, ReadCtx::CLIENT));
-        assert_eq!(&*got.unwrap(), &[42u8; 10][..]);
+        assert_eq!(&*got.unwrap().0, &[42u8; 10][..]);
         gate.open();
         settle(&t.pool);
     }
@@ -492,7 +496,7 @@ mod tests {
         assert_eq!(resident(&t), [1, 2, 3]);
         // Computed, read from disk, found in memory: the bytes, and memory as it was.
         for i in [0, 5, 1] {
-            assert_eq!(&*t.get(&g[i], 0, ReadCtx::BACKGROUND).unwrap(), &expect(i as u64)[..]);
+            assert_eq!(&*t.get(&g[i], 0, ReadCtx::BACKGROUND).unwrap().0, &expect(i as u64)[..]);
         }
         settle(&t.pool);
         assert_eq!(resident(&t), [1, 2, 3], "a background read changed what memory holds");
@@ -509,10 +513,10 @@ mod tests {
         // A read that may not compute fails on a chunk in no cache, computes nothing.
         let calls = fx.calls.load(Relaxed);
         assert!(t.get(&fx.chunk(9), 0, ReadCtx::BACKGROUND.cached_only()).is_err());
-        assert_eq!(&*t.get(&g[5], 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &expect(5)[..]);
+        assert_eq!(&*t.get(&g[5], 0, ReadCtx::BACKGROUND.cached_only()).unwrap().0, &expect(5)[..]);
         // Memory-only chunks (source bytes after a check) are read even so, and not kept.
         let checked = Arc::new(Group::single((3, 1), key(31), || Ok(vec![9u8; 10])).memory_only());
-        assert_eq!(&*t.get(&checked, 0, ReadCtx::BACKGROUND.cached_only()).unwrap(), &[9u8; 10][..]);
+        assert_eq!(&*t.get(&checked, 0, ReadCtx::BACKGROUND.cached_only()).unwrap().0, &[9u8; 10][..]);
         settle(&t.pool);
         assert!(!t.in_memory(&(3, 1)));
         assert_eq!(fx.calls.load(Relaxed), calls);
@@ -537,14 +541,14 @@ mod tests {
         // Then a reader computes nothing.
         let t3 = fx.tiers();
         for (i, g) in groups.iter().enumerate() {
-            assert_eq!(&*t3.get(g, 0, ReadCtx::CLIENT).unwrap(), &expect(i as u64)[..]);
+            assert_eq!(&*t3.get(g, 0, ReadCtx::CLIENT).unwrap().0, &expect(i as u64)[..]);
         }
         assert_eq!(fx.calls.load(Relaxed), 10);
         assert_eq!(t3.mem.stats.bytes_computed.get(), 0);
 
         let memory_only = Tiers::new(Arc::new(ChunkCache::new(1 << 20)), None, pool(1));
         assert!(matches!(memory_only.warm(&groups[0], &[1000], Priority::Read).unwrap_err().root(), TestError::Option { option: "disk_cache", .. }));
-        assert_eq!(&*memory_only.get(&groups[0], 0, ReadCtx::CLIENT).unwrap(), &expect(0)[..]);
+        assert_eq!(&*memory_only.get(&groups[0], 0, ReadCtx::CLIENT).unwrap().0, &expect(0)[..]);
     }
 
     #[test]
@@ -559,7 +563,7 @@ mod tests {
             })
             .memory_only(),
         );
-        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &[5u8; 64][..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap().0, &[5u8; 64][..]);
         assert_eq!(t.warm(&g, &[64], Priority::Read).unwrap(), Warmed::Present);
         settle(&t.pool);
         let d = t.disk.as_ref().unwrap().snapshot();
@@ -583,6 +587,6 @@ mod tests {
         assert!(matches!(t.get(&g, 0, ReadCtx::CLIENT).unwrap_err().root(), TestError::Failed(_)));
         settle(&t.pool);
         assert_eq!(t.disk.as_ref().unwrap().snapshot().writes, 0);
-        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap(), &[1u8; 4][..]);
+        assert_eq!(&*t.get(&g, 0, ReadCtx::CLIENT).unwrap().0, &[1u8; 4][..]);
     }
 }

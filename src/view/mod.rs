@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 pub use registry::{Built, Context, Input, Purpose, VIEWS, View, ViewOptions, build};
 pub use tree::{Ino, NodeKind, ROOT_INO, Tree};
-pub use vfile::{ChunkProducer, Extent, Held, VirtualFile};
+pub use vfile::{Chunk, ChunkProducer, Extent, Held, Tally, VirtualFile};
 
 use crate::codec::CodecError;
 use crate::digest::DigestError;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::{ChunkProducer, Extent, Tiers, ViewError};
+use super::{Chunk, ChunkProducer, Extent, Tiers, ViewError};
 use crate::store::{DiskKey, Group, Priority, ProducerKey, ReadCtx, Warmed};
 
 /// What a view says about its chunks: how long each is and how it is computed.
@@ -92,13 +92,13 @@ impl<P: ChunkPlan> Tiered<P> {
 }
 
 impl<P: ChunkPlan> ChunkProducer for Tiered<P> {
-    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Chunk, ViewError> {
         let (group, part) = self.group(id);
-        let bytes = self.tiers.get(&group, part, ctx)?;
+        let (bytes, tier) = self.tiers.get(&group, part, ctx)?;
         if ctx.reads_ahead() {
             self.plan.read_ahead(id, ctx);
         }
-        Ok(bytes)
+        Ok(Chunk { bytes, tier })
     }
     fn ready(&self, id: u64) -> bool {
         self.tiers.in_memory(&(self.id, id))

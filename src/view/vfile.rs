@@ -15,14 +15,15 @@ use sha2::{Digest, Sha256};
 use super::ViewError;
 use crate::source::SourceFile;
 use crate::store::file_entries::{Chunks, FillError, Part, StoredFile};
-use crate::store::{DiskKey, Priority, ReadCtx, Warmed};
+use crate::store::{DiskKey, Priority, ReadCtx, Tier, Warmed};
 
 /// Produces the bytes of computed chunks (decoded / requantised blocks, ...). A chunk is
 /// produced whole; the computed views produce theirs through [`super::Tiers`]
 /// (memory, disk cache, compute pool), read as the caller's [`ReadCtx`] says.
 pub trait ChunkProducer: Send + Sync + std::fmt::Debug {
-    /// The whole chunk `id`, read as `ctx` says; its length must equal the extent's length.
-    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError>;
+    /// The whole chunk `id`, read as `ctx` says, and the tier it was found in; its length
+    /// must equal the extent's length.
+    fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Chunk, ViewError>;
     /// Whether chunk `id` is served now without waiting for a load or a computation (it is
     /// in memory). The FUSE adapter takes reads that would wait off its workers.
     fn ready(&self, _id: u64) -> bool {
@@ -59,6 +60,52 @@ pub trait ChunkProducer: Send + Sync + std::fmt::Debug {
 /// so a sequential reader finds the next chunks computed (or loaded from the disk cache)
 /// while it consumes this one.
 pub const READ_AHEAD_BYTES: u64 = 4 << 20;
+
+/// A computed chunk as its producer returns it.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub bytes: Arc<[u8]>,
+    /// Where it was found (memory, disk cache, computed), for the served-bytes metric.
+    pub tier: Tier,
+}
+
+impl Chunk {
+    /// Bytes computed for this read.
+    pub fn computed(bytes: impl Into<Arc<[u8]>>) -> Chunk {
+        Chunk { bytes: bytes.into(), tier: Tier::Computed }
+    }
+}
+
+/// The bytes of reads by where they came from: `as_is` (literals, zeros and source bytes),
+/// and the chunks' by tier.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub as_is: u64,
+    pub memory: u64,
+    pub disk: u64,
+    pub computed: u64,
+}
+
+impl Tally {
+    /// Count `n` bytes of a chunk found in `tier`, or not of a chunk (`None`).
+    pub fn add(&mut self, tier: Option<Tier>, n: u64) {
+        *match tier {
+            None => &mut self.as_is,
+            Some(Tier::Memory) => &mut self.memory,
+            Some(Tier::Disk) => &mut self.disk,
+            Some(Tier::Computed) => &mut self.computed,
+        } += n;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.as_is + self.memory + self.disk + self.computed
+    }
+
+    /// Both tallies summed.
+    pub fn plus(self, o: Tally) -> Tally {
+        Tally { as_is: self.as_is + o.as_is, memory: self.memory + o.memory, disk: self.disk + o.disk, computed: self.computed + o.computed }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub enum Extent {
@@ -139,8 +186,15 @@ impl VirtualFile {
     /// with `O_DIRECT`; computed chunks read their inputs as they do); computed chunks come
     /// from their producers in `ctx`, and a client's read looks ahead of itself.
     pub fn read_at(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<usize, ViewError> {
+        self.read_tallied(offset, buf, ctx).map(|t| t.total() as usize)
+    }
+
+    /// [`VirtualFile::read_at`], its bytes counted by where they came from (the count is
+    /// the tally's total).
+    pub fn read_tallied(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<Tally, ViewError> {
+        let mut tally = Tally::default();
         if offset >= self.size || buf.is_empty() {
-            return Ok(0);
+            return Ok(tally);
         }
         let want = (buf.len() as u64).min(self.size - offset) as usize;
         let mut idx = self.extent_at(offset);
@@ -151,6 +205,7 @@ impl VirtualFile {
             let within = pos - start;
             let n = ((extent.len() - within) as usize).min(want - done);
             let out = &mut buf[done..done + n];
+            let mut tier = None;
             match extent {
                 Extent::Bytes(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
                 Extent::Zeros(_) => out.fill(0),
@@ -158,16 +213,18 @@ impl VirtualFile {
                 Extent::Source { file, offset: src, .. } => file.read_exact_at(out, src + within)?,
                 Extent::Computed { producer, id, len } => {
                     let chunk = computed(&**producer, *id, *len, ctx)?;
-                    out.copy_from_slice(&chunk[within as usize..within as usize + n]);
+                    out.copy_from_slice(&chunk.bytes[within as usize..within as usize + n]);
+                    tier = Some(chunk.tier);
                 }
             }
+            tally.add(tier, n as u64);
             done += n;
             idx += 1;
         }
         if ctx.reads_ahead() {
             self.read_ahead(idx, ctx);
         }
-        Ok(want)
+        Ok(tally)
     }
 
     /// [`VirtualFile::read_at`] of up to `len` bytes at `offset` without copying them, when
@@ -186,15 +243,18 @@ impl VirtualFile {
         if within + want > extent.len() {
             return Ok(None);
         }
-        let bytes = match extent {
-            Extent::Bytes(b) => b.clone(),
-            Extent::Computed { producer, id, len } => computed(&**producer, *id, *len, ctx)?,
+        let (bytes, tier) = match extent {
+            Extent::Bytes(b) => (b.clone(), None),
+            Extent::Computed { producer, id, len } => {
+                let chunk = computed(&**producer, *id, *len, ctx)?;
+                (chunk.bytes, Some(chunk.tier))
+            }
             Extent::Source { .. } | Extent::Zeros(_) => return Ok(None),
         };
         if ctx.reads_ahead() {
             self.read_ahead(idx + 1, ctx);
         }
-        Ok(Some(Held { bytes, start: within as usize, len: want as usize }))
+        Ok(Some(Held { bytes, start: within as usize, len: want as usize, tier }))
     }
 
     /// The index of the extent holding byte `offset` (< the size).
@@ -220,10 +280,10 @@ impl VirtualFile {
 }
 
 /// Chunk `id` of `producer` for a reader in `ctx`, checked to be as long as its extent.
-fn computed(producer: &dyn ChunkProducer, id: u64, len: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+fn computed(producer: &dyn ChunkProducer, id: u64, len: u64, ctx: ReadCtx) -> Result<Chunk, ViewError> {
     let chunk = producer.chunk(id, ctx)?;
-    if chunk.len() as u64 != len {
-        return Err(ViewError::Internal(format!("computed chunk {id} has {} bytes, its extent {len}", chunk.len())));
+    if chunk.bytes.len() as u64 != len {
+        return Err(ViewError::Internal(format!("computed chunk {id} has {} bytes, its extent {len}", chunk.bytes.len())));
     }
     Ok(chunk)
 }
@@ -235,11 +295,20 @@ pub struct Held {
     bytes: Arc<[u8]>,
     start: usize,
     len: usize,
+    /// The tier of the chunk; `None` for a literal.
+    tier: Option<Tier>,
 }
 
 impl Held {
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes[self.start..self.start + self.len]
+    }
+
+    /// Its bytes, counted by where they came from.
+    pub fn tally(&self) -> Tally {
+        let mut t = Tally::default();
+        t.add(self.tier, self.len as u64);
+        t
     }
 
     /// Whether these are bytes of `chunk` itself (not a copy).
@@ -263,15 +332,15 @@ impl std::fmt::Debug for Lazy {
 }
 
 impl ChunkProducer for Lazy {
-    fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
+    fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Chunk, ViewError> {
         if let Some(b) = self.done.get() {
-            return Ok(b.clone());
+            return Ok(Chunk { bytes: b.clone(), tier: Tier::Memory });
         }
         let bytes = (self.build)()?;
         if bytes.len() as u64 != self.len {
             return Err(ViewError::Internal(format!("computed {} bytes, announced {}", bytes.len(), self.len)));
         }
-        Ok(self.done.get_or_init(|| bytes.into()).clone())
+        Ok(Chunk::computed(self.done.get_or_init(|| bytes.into()).clone()))
     }
 
     fn ready(&self, _id: u64) -> bool {
@@ -439,8 +508,8 @@ mod tests {
     #[derive(Debug)]
     struct Counting;
     impl ChunkProducer for Counting {
-        fn chunk(&self, id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
-            Ok((0..5u8).map(|i| i + 10 * id as u8).collect::<Vec<_>>().into())
+        fn chunk(&self, id: u64, _ctx: ReadCtx) -> Result<Chunk, ViewError> {
+            Ok(Chunk::computed((0..5u8).map(|i| i + 10 * id as u8).collect::<Vec<_>>()))
         }
     }
 
@@ -448,8 +517,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct Prefetched(parking_lot::Mutex<Vec<u64>>);
     impl ChunkProducer for Prefetched {
-        fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
-            Ok(vec![0u8; 1 << 20].into())
+        fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Chunk, ViewError> {
+            Ok(Chunk::computed(vec![0u8; 1 << 20]))
         }
         fn ready(&self, id: u64) -> bool {
             id == 7
@@ -550,8 +619,8 @@ mod tests {
         #[derive(Debug)]
         struct Kept(Arc<[u8]>);
         impl ChunkProducer for Kept {
-            fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
-                Ok(self.0.clone())
+            fn chunk(&self, _id: u64, _ctx: ReadCtx) -> Result<Chunk, ViewError> {
+                Ok(Chunk { bytes: self.0.clone(), tier: Tier::Disk })
             }
         }
         let chunk: Arc<[u8]> = Arc::from(&[10u8, 11, 12, 13, 14][..]);

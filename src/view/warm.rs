@@ -300,8 +300,8 @@ mod tests {
     }
 
     impl ChunkProducer for Mib {
-        fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<Arc<[u8]>, ViewError> {
-            self.tiers.get(&self.group(id), 0, ctx)
+        fn chunk(&self, id: u64, ctx: ReadCtx) -> Result<crate::view::Chunk, ViewError> {
+            self.tiers.get(&self.group(id), 0, ctx).map(|(bytes, tier)| crate::view::Chunk { bytes, tier })
         }
         fn ready(&self, id: u64) -> bool {
             self.tiers.in_memory(&(self.id, id))
