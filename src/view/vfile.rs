@@ -136,6 +136,9 @@ pub struct VirtualFile {
     /// (start offset, extent), sorted, contiguous, no empty extents.
     extents: Vec<(u64, Extent)>,
     size: u64,
+    /// Whether any extent is computed (kept as extents are pushed: every read asks, and a
+    /// Kimi pack has 247,296 extents).
+    computed: bool,
     /// Built from digests of other files (manifests, [`super::derived`]): materialize writes
     /// it after them.
     derived: bool,
@@ -165,6 +168,7 @@ impl VirtualFile {
         if len == 0 {
             return;
         }
+        self.computed |= matches!(extent, Extent::Computed { .. });
         if let (Extent::Zeros(more), Some((_, Extent::Zeros(run)))) = (&extent, self.extents.last_mut()) {
             *run += more;
         } else {
@@ -369,7 +373,7 @@ impl VirtualFile {
     /// Whether every byte is a source byte, literal or zero (nothing is computed): its source
     /// pages are the only cache it needs.
     pub fn is_identity(&self) -> bool {
-        !self.extents.iter().any(|(_, e)| matches!(e, Extent::Computed { .. }))
+        !self.computed
     }
 
     /// Whether `len` bytes at `offset` are served without waiting for a chunk to be loaded
@@ -594,6 +598,19 @@ mod tests {
         let wrong = VirtualFile::lazy(5, || Ok(b"abc".to_vec()));
         assert!(wrong.read_at(0, &mut buf, ReadCtx::CLIENT).is_err());
         assert_eq!(f.sha256().unwrap(), crate::digest::sha256_hex(b"abc"));
+    }
+
+    #[test]
+    fn identity_is_known_from_the_extents_pushed() {
+        let mut f = VirtualFile::from_bytes(b"abc".to_vec());
+        f.push(Extent::Zeros(3));
+        assert!(f.is_identity());
+        f.push(Extent::Computed { producer: Arc::new(Counting), id: 0, len: 0 });
+        assert!(f.is_identity(), "an empty extent is dropped");
+        f.push(Extent::Computed { producer: Arc::new(Counting), id: 0, len: 5 });
+        f.push(Extent::Zeros(1));
+        assert!(!f.is_identity());
+        assert!(!sample().is_identity() && !VirtualFile::lazy(1, || Ok(vec![0])).is_identity());
     }
 
     #[test]
