@@ -207,6 +207,47 @@ fn full_size_audited_set_mounts_at_once_and_sglang_accepts_it() {
     m.unmount();
 }
 
+/// Pages of `path` in the page cache (util-linux `fincore`).
+fn cached_bytes(path: &Path) -> u64 {
+    let out = run_ok(Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(path));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Drop `path`'s pages from the page cache (this file's only: other tests run alongside).
+fn drop_cached(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap(); // dirty pages are not dropped
+    // SAFETY: fadvise on an open descriptor, whole file.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+/// SGLang's validator reads the pack's index one 152-byte entry per read: by default the pack
+/// is kept in the mount's page cache (not one FUSE request per entry), and its source is
+/// read around the page cache, so memory holds one copy, the view's; `direct_io=on` gives
+/// the identity files' default back (no page cache on the mount, the source buffered).
+#[test]
+fn the_pack_is_cached_on_the_mount_and_its_source_is_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fixture(tmp.path(), &["--layers", "4", "--experts", "8", "--shards", "3"]);
+    let parts = shards(&dir);
+    for (opts, pack_cached) in [(&[][..], true), (&["direct_io=on"][..], false)] {
+        let m = mount(&parts[0], &kimi_opts(&dir, &[&["model_check=layout"][..], opts].concat()));
+        let pack = m.path("Kimi-K3-fixture.expert-major.pack");
+        parts.iter().for_each(|p| drop_cached(p));
+        let bytes = std::fs::read(&pack).unwrap();
+        let (on_mount, source): (u64, u64) = (cached_bytes(&pack), parts.iter().map(|p| cached_bytes(p)).sum());
+        let source_size: u64 = parts.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+        if pack_cached {
+            assert!(on_mount * 10 >= bytes.len() as u64 * 9, "{opts:?}: {on_mount} of {} bytes of the pack cached", bytes.len());
+            assert!(source * 10 <= source_size, "{opts:?}: {source} of {source_size} bytes of the source cached after reading the pack");
+        } else {
+            assert_eq!(on_mount, 0, "{opts:?}");
+        }
+        m.unmount();
+    }
+}
+
 /// Mounting `source` with `opts` fails; the message must hold every needle.
 fn refused(source: &Path, opts: &[String], needles: &[&str]) {
     let o: Vec<&str> = opts.iter().map(String::as_str).collect();

@@ -388,6 +388,12 @@ impl Fs {
         self.tree.vfiles().fold((0, 0), |(b, n), f| (b + f.size(), n + 1))
     }
 
+    /// Whether the view says clients read the file in small pieces
+    /// ([`VirtualFile::read_in_small_pieces`]).
+    pub fn is_read_in_small_pieces(&self, ino: Ino) -> bool {
+        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_read_in_small_pieces())
+    }
+
     /// Whether the file's bytes are all source bytes, literals or zeros (not computed).
     pub fn is_identity(&self, ino: Ino) -> bool {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_identity())

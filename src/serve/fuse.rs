@@ -40,8 +40,9 @@ pub struct FuseAdapter {
     pub fs: Arc<Fs>,
     pub max_read: u32,
     pub max_background: Option<u16>,
-    /// FOPEN_DIRECT_IO for the view's files: `None` for identity files only (see the
-    /// `direct_io` option); cleared in `init` when auto and the kernel cannot mmap them.
+    /// FOPEN_DIRECT_IO for the view's files: `None` for identity files only, except those
+    /// read in small pieces (see the `direct_io` option); cleared in `init` when auto and the
+    /// kernel cannot mmap them.
     pub direct_io: Option<bool>,
     pub passthrough: Arc<Passthrough>,
     /// How handles read the source: `None` (auto) as the client opened the file (`O_DIRECT`
@@ -214,9 +215,12 @@ impl Filesystem for FuseAdapter {
                 },
             }
         }
-        // The client's O_DIRECT decides how this handle reads the source (unless overridden).
+        // The client's O_DIRECT decides how this handle reads the source (unless overridden);
+        // a file read in small pieces is kept in the mount's page cache by default, so its
+        // source is read around the page cache: memory holds one copy, the view's.
         let client_direct = flags.0 & libc::O_DIRECT != 0;
-        let io = self.source_io.unwrap_or(if client_direct { SourceIo::Direct } else { SourceIo::Buffered });
+        let small_reads = self.direct_io.is_none() && self.fs.is_read_in_small_pieces(ino.0);
+        let io = self.source_io.unwrap_or(if client_direct || small_reads { SourceIo::Direct } else { SourceIo::Buffered });
         let fh = FileHandle(fh | if io == SourceIo::Direct { DIRECT_FH } else { 0 });
         if self.fs.is_dynamic(ino.0) {
             // Status files are rendered per open: no page cache.
@@ -226,7 +230,7 @@ impl Filesystem for FuseAdapter {
             // FOPEN_DIRECT_IO it does so through its direct-I/O path, which sends the
             // requests of one large read at once (FUSE_ASYNC_DIO) instead of one by one.
             reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
-        } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0)) {
+        } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0) && !small_reads) {
             // Direct I/O: source bytes are page-cached as the source already; a second copy
             // in the mount's page cache would only cost memory and a slower cold path.
             reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
