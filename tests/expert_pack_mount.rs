@@ -330,12 +330,20 @@ fn inspect_summarises_packs() {
 fn read_ahead_kb_option_sets_the_mounts_bdi() {
     // Also a regression test: setting it once stat()ed the mountpoint before the session
     // ran, and the mount deadlocked on its own GETATTR.
+    let read_ahead = |m: &Mount| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dev = info.lines().map(|l| l.split(' ').collect::<Vec<_>>()).find(|f| f[4] == m.mountpoint.to_string_lossy()).map(|f| f[2].to_string()).unwrap();
+        std::fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap().trim().to_string()
+    };
     let m = Mount::new(&sample(), &["read_ahead_kb=2048"]);
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let dev = info.lines().map(|l| l.split(' ').collect::<Vec<_>>()).find(|f| f[4] == m.mountpoint.to_string_lossy()).map(|f| f[2].to_string()).unwrap();
-    let ra = std::fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap();
-    assert_eq!(ra.trim(), "2048");
+    assert_eq!(read_ahead(&m), "2048");
     m.unmount();
+    // A view with computed files reads ahead as much as one request by default (max_read).
+    for (opts, kb) in [(&["view=kt-int8"][..], "1024"), (&["view=kt-int8", "max_read=262144"], "256"), (&["view=kt-int8", "read_ahead_kb=64"], "64")] {
+        let m = Mount::new(&sample(), opts);
+        assert_eq!(read_ahead(&m), kb, "{opts:?}");
+        m.unmount();
+    }
 }
 
 #[test]

@@ -188,6 +188,7 @@ pub fn mount(
     unsafe {
         libc::malloc_trim(0);
     }
+    let has_computed = fs.has_computed();
     let adapter = fuse::FuseAdapter {
         fs: fs.clone(),
         max_read: opts.max_read,
@@ -200,7 +201,7 @@ pub fn mount(
         passthrough,
         passthrough_files,
         mount_path: mount_path.clone(),
-        waiting: if fs.has_computed() { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
+        waiting: if has_computed { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
     };
 
     let mut config = Config::default();
@@ -235,7 +236,11 @@ pub fn mount(
         None => Session::new(adapter, &mount_path, &config),
     }
     .map_err(|e| MountError::Mount { path: mount_path.clone(), source: e })?;
-    if let (Some(kb), None) = (opts.read_ahead_kb, fd_mode) {
+    // Views with computed files are read through the mount's page cache: readahead as large
+    // as a request (a warm read of the BF16 view ran 1.3-1.6x faster than with the kernel's
+    // 128 KiB, cold reads the same).
+    let read_ahead = opts.read_ahead_kb.or_else(|| has_computed.then_some(opts.max_read / 1024));
+    if let (Some(kb), None) = (read_ahead, fd_mode) {
         set_read_ahead(&mount_path, kb);
     }
 

@@ -45,7 +45,7 @@ pub struct ServeOptions {
     /// Largest read request in bytes (4096 to 1 MiB)
     #[arg(long, default_value = "1048576", value_parser = int_in::<u32>(4096, 1 << 20), help_heading = "Serving")]
     pub max_read: u32,
-    /// Kernel readahead of the mount in KiB (default: the kernel's)
+    /// Kernel readahead of the mount in KiB (default: max_read for views with computed files, else the kernel's)
     #[arg(long, value_parser = int_in::<u32>(0, 1 << 20), help_heading = "Serving")]
     pub read_ahead_kb: Option<u32>,
     /// Pending background (readahead) requests the kernel may queue (default: fuser's, 16)

@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--variant", default="v4")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="compute_threads of the mount (default: every core)")
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
+    ap.add_argument("--mount-opts", default="", help="extra -o options of the mount (e.g. read_ahead_kb=1024)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
@@ -70,7 +71,7 @@ def main() -> int:
         results = {}
         for label in ["cold", "warm"]:
             if label == "cold":
-                subprocess.run([args.xpackfs, "mount", str(src), str(mnt), "-o", f"digest_store=none,cache_mb=4096,compute_threads={args.threads}"],
+                subprocess.run([args.xpackfs, "mount", str(src), str(mnt), "-o", f"digest_store=none,cache_mb=4096,compute_threads={args.threads}" + (f",{args.mount_opts}" if args.mount_opts else "")],
                                check=True, stderr=subprocess.DEVNULL)
             t0 = time.perf_counter()
             total = 0
