@@ -338,8 +338,16 @@ fn read_ahead_kb_option_sets_the_mounts_bdi() {
     let m = Mount::new(&sample(), &["read_ahead_kb=2048"]);
     assert_eq!(read_ahead(&m), "2048");
     m.unmount();
-    // A view with computed files reads ahead as much as one request by default (max_read).
-    for (opts, kb) in [(&["view=kt-int8"][..], "1024"), (&["view=kt-int8", "max_read=262144"], "256"), (&["view=kt-int8", "read_ahead_kb=64"], "64")] {
+    // A view with computed files reads ahead as much as one request by default (max_read);
+    // one with files of source bytes, which it reads with direct I/O, eight requests.
+    let cases = [
+        (&["view=kt-int8"][..], "1024"),
+        (&["view=kt-int8", "max_read=262144"], "256"),
+        (&["view=kt-int8", "read_ahead_kb=64"], "64"),
+        (&[], "8192"),
+        (&["max_read=262144"], "2048"),
+    ];
+    for (opts, kb) in cases {
         let m = Mount::new(&sample(), opts);
         assert_eq!(read_ahead(&m), kb, "{opts:?}");
         m.unmount();
@@ -369,18 +377,12 @@ fn stats_json_reports_reads_and_the_cache() {
     m.unmount();
 }
 
-/// Pages of `path` in the kernel's page cache, by util-linux `fincore`.
-fn cached_bytes(path: &Path) -> u64 {
-    let out = run_ok(Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(path));
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
-/// The pack is made of source bytes, which are page-cached as the source: by default
-/// (`direct_io=auto`) its reads bypass the mount's page cache (no second copy in memory),
-/// and mmap still works; `direct_io=off` caches them; computed files keep the page cache.
+/// The pack is made of source bytes: by default the mount's page cache holds it (its source
+/// is read around the page cache, see tests/direct_io.rs), `direct_io=on` bypasses it;
+/// mmap works either way; computed files keep the page cache.
 #[test]
-fn identity_files_bypass_the_mount_page_cache_by_default() {
-    for (opts, expect_cached) in [("top_k=2", false), ("top_k=2,direct_io=off", true)] {
+fn the_mount_caches_the_pack_unless_direct_io_is_on() {
+    for (opts, expect_cached) in [("top_k=2", true), ("top_k=2,direct_io=on", false)] {
         let m = Mount::new(&sample(), &[opts]);
         let pack = m.path("sample-moe.pack");
         let bytes = std::fs::read(&pack).unwrap();

@@ -207,25 +207,10 @@ fn full_size_audited_set_mounts_at_once_and_sglang_accepts_it() {
     m.unmount();
 }
 
-/// Pages of `path` in the page cache (util-linux `fincore`).
-fn cached_bytes(path: &Path) -> u64 {
-    let out = run_ok(Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(path));
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
-/// Drop `path`'s pages from the page cache (this file's only: other tests run alongside).
-fn drop_cached(path: &Path) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).unwrap();
-    f.sync_all().unwrap(); // dirty pages are not dropped
-    // SAFETY: fadvise on an open descriptor, whole file.
-    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
-}
-
 /// SGLang's validator reads the pack's index one 152-byte entry per read: by default the pack
 /// is kept in the mount's page cache (not one FUSE request per entry), and its source is
-/// read around the page cache, so memory holds one copy, the view's; `direct_io=on` gives
-/// the identity files' default back (no page cache on the mount, the source buffered).
+/// read around the page cache, so memory holds one copy, the view's; `direct_io=on` keeps
+/// nothing on the mount.
 #[test]
 fn the_pack_is_cached_on_the_mount_and_its_source_is_not() {
     let tmp = tempfile::tempdir().unwrap();

@@ -84,9 +84,10 @@ metric_set! {
         bytes_served: Counter,
         /// Reads of view files that failed (by errno: `xpackfs_read_errors_by_errno_total`).
         read_errors: Counter,
-        /// Read requests of handles opened with O_DIRECT (source read with O_DIRECT under source_io=auto).
+        /// Read requests of handles that read the source with O_DIRECT (under source_io=auto:
+        /// clients' O_DIRECT handles, and files of source bytes kept in the mount's page cache).
         direct_reads: Counter,
-        /// Bytes returned to handles opened with O_DIRECT.
+        /// Bytes returned to those handles.
         direct_bytes: Counter,
         /// Bytes replied straight from a chunk or literal held in memory, with no copy into
         /// a reply buffer in the daemon (reads that lie in one computed or literal extent).
@@ -388,17 +389,6 @@ impl Fs {
         self.tree.vfiles().fold((0, 0), |(b, n), f| (b + f.size(), n + 1))
     }
 
-    /// Whether the view says clients read the file in small pieces
-    /// ([`VirtualFile::read_in_small_pieces`]).
-    pub fn is_read_in_small_pieces(&self, ino: Ino) -> bool {
-        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_read_in_small_pieces())
-    }
-
-    /// Whether the file's bytes are all source bytes, literals or zeros (not computed).
-    pub fn is_identity(&self, ino: Ino) -> bool {
-        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_identity())
-    }
-
     /// Whether a read of `len` bytes at `offset` is served without waiting for a chunk to be
     /// loaded or computed (status files, literal and source bytes, chunks in memory).
     pub fn ready(&self, ino: Ino, offset: u64, len: u64) -> bool {
@@ -406,6 +396,17 @@ impl Fs {
             Some(NodeKind::File(f)) => f.ready(offset, len),
             _ => true,
         }
+    }
+
+    /// Whether any file is made of source bytes ([`VirtualFile::is_source_bytes`]).
+    pub fn has_source_files(&self) -> bool {
+        self.tree.vfiles().any(|f| f.is_source_bytes())
+    }
+
+    /// Whether the file is made of source bytes ([`VirtualFile::is_source_bytes`]): kept in
+    /// the mount's page cache, its buffered handles read the source with direct I/O.
+    pub fn is_source_bytes(&self, ino: Ino) -> bool {
+        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_source_bytes())
     }
 
     /// Whether any file has computed chunks (reads that may wait).

@@ -2,7 +2,8 @@
 //! in one place (`guarded`, which also turns a panic into EIO). The filesystem logic is
 //! [`Fs`]'s. What the adapter decides is what only the FUSE edge knows: the capabilities it
 //! negotiates; per open, the flags the kernel gets, how the handle reads the source (the
-//! client's `O_DIRECT`, the `source_io` option) and whether the kernel serves it from a
+//! client's `O_DIRECT`, whether the file is source bytes kept in the page cache, the
+//! `source_io` option) and whether the kernel serves it from a
 //! backing file (the state of that is [`Passthrough`]'s); per read, where it runs: on the
 //! FUSE worker, or handed to a [`ReadPool`] (reads of direct handles, and reads that would
 //! wait for a chunk), so the workers stay free for metadata, status files and ready bytes
@@ -40,13 +41,13 @@ pub struct FuseAdapter {
     pub fs: Arc<Fs>,
     pub max_read: u32,
     pub max_background: Option<u16>,
-    /// FOPEN_DIRECT_IO for the view's files: `None` for identity files only, except those
-    /// read in small pieces (see the `direct_io` option); cleared in `init` when auto and the
-    /// kernel cannot mmap them.
+    /// `Some(true)`: FOPEN_DIRECT_IO for every file of the view (the `direct_io` option);
+    /// else (auto, off) the kernel keeps the files in the mount's page cache.
     pub direct_io: Option<bool>,
     pub passthrough: Arc<Passthrough>,
-    /// How handles read the source: `None` (auto) as the client opened the file (`O_DIRECT`
-    /// or not), else always this (the `source_io` option).
+    /// How handles read the source: `None` (auto) with direct I/O for clients' `O_DIRECT`
+    /// handles and files of source bytes kept in the mount's page cache, else always this
+    /// (the `source_io` option).
     pub source_io: Option<SourceIo>,
     /// Where reads of direct handles run (see [`super::pools::read_pool`]); `None`: on the
     /// FUSE worker.
@@ -124,15 +125,10 @@ impl Filesystem for FuseAdapter {
                 Err(_) => self.passthrough.disable("the kernel does not offer it"),
             }
         }
-        if self.direct_io != Some(false) {
+        if self.direct_io == Some(true) {
             // mmap of direct-io files (SGLang may mmap the pack); kernels without it refuse mmap.
             if config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
-                if self.direct_io == Some(true) {
-                    tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
-                } else {
-                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; reads use the page cache");
-                    self.direct_io = Some(false);
-                }
+                tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
             }
         }
         // One large O_DIRECT read is sent as concurrent requests, not one after the other.
@@ -215,12 +211,14 @@ impl Filesystem for FuseAdapter {
                 },
             }
         }
-        // The client's O_DIRECT decides how this handle reads the source (unless overridden);
-        // a file read in small pieces is kept in the mount's page cache by default, so its
-        // source is read around the page cache: memory holds one copy, the view's.
+        // The client's O_DIRECT decides how this handle reads the source (unless overridden).
+        // Files made of source bytes are kept in the mount's page cache (unless direct_io=on),
+        // so their buffered handles read the source around the page cache too: memory holds
+        // one copy, the view's, and a warm re-read never reaches the daemon.
         let client_direct = flags.0 & libc::O_DIRECT != 0;
-        let small_reads = self.direct_io.is_none() && self.fs.is_read_in_small_pieces(ino.0);
-        let io = self.source_io.unwrap_or(if client_direct || small_reads { SourceIo::Direct } else { SourceIo::Buffered });
+        let fopen_direct = self.direct_io == Some(true);
+        let around = !fopen_direct && self.fs.is_source_bytes(ino.0);
+        let io = self.source_io.unwrap_or(if client_direct || around { SourceIo::Direct } else { SourceIo::Buffered });
         let fh = FileHandle(fh | if io == SourceIo::Direct { DIRECT_FH } else { 0 });
         if self.fs.is_dynamic(ino.0) {
             // Status files are rendered per open: no page cache.
@@ -230,9 +228,7 @@ impl Filesystem for FuseAdapter {
             // FOPEN_DIRECT_IO it does so through its direct-I/O path, which sends the
             // requests of one large read at once (FUSE_ASYNC_DIO) instead of one by one.
             reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
-        } else if self.direct_io.unwrap_or_else(|| self.fs.is_identity(ino.0) && !small_reads) {
-            // Direct I/O: source bytes are page-cached as the source already; a second copy
-            // in the mount's page cache would only cost memory and a slower cold path.
+        } else if fopen_direct {
             reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
         } else {
             // Immutable contents: keep the kernel's page cache across opens.

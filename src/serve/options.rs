@@ -45,21 +45,23 @@ pub struct ServeOptions {
     /// Largest read request in bytes (4096 to 1 MiB)
     #[arg(long, default_value = "1048576", value_parser = int_in::<u32>(4096, 1 << 20), help_heading = "Serving")]
     pub max_read: u32,
-    /// Kernel readahead of the mount in KiB (default: max_read for views with computed files, else the kernel's)
+    /// Kernel readahead of the mount in KiB (default: 8 x max_read for views with files of
+    /// source bytes, whose source is read with direct I/O; max_read for views with computed
+    /// files; else the kernel's)
     #[arg(long, value_parser = int_in::<u32>(0, 1 << 20), help_heading = "Serving")]
     pub read_ahead_kb: Option<u32>,
     /// Pending background (readahead) requests the kernel may queue (default: fuser's, 16)
     #[arg(long, value_parser = int_in::<u16>(1, u16::MAX), help_heading = "Serving")]
     pub max_background: Option<u16>,
-    /// auto|on|off: reads bypass the kernel's page cache of the mount (FOPEN_DIRECT_IO; mmap
-    /// keeps working with FUSE_DIRECT_IO_ALLOW_MMAP, kernel 6.6+). auto: for files made of
-    /// source bytes only (the expert pack), whose source is page-cached already; computed
-    /// files keep the page cache
+    /// auto|on|off: on: reads bypass the kernel's page cache of the mount (FOPEN_DIRECT_IO;
+    /// mmap keeps working with FUSE_DIRECT_IO_ALLOW_MMAP, kernel 6.6+). auto and off: the
+    /// mount's page cache holds the view's files, and files made of source bytes (the
+    /// packs) read their source around the page cache, so memory holds one copy
     #[arg(long, default_value = "auto", value_parser = Auto::parse, help_heading = "Serving")]
     pub direct_io: Auto,
-    /// auto|direct|buffered: how reads of a handle read the source. auto: as the client
-    /// opened the file, so a client reading with O_DIRECT (SGLang's loader) makes the daemon
-    /// read the source with O_DIRECT too and leaves nothing in the page cache
+    /// auto|direct|buffered: how reads of a handle read the source. auto: direct for clients
+    /// reading with O_DIRECT (SGLang's loader) and for files of source bytes kept in the
+    /// mount's page cache, so neither leaves source pages in memory; else buffered
     #[arg(long, default_value = "auto", value_parser = SourceIoChoice::parse, help_heading = "Serving")]
     pub source_io: SourceIoChoice,
     /// Threads that serve the reads of direct (O_DIRECT) handles, so that many reach the device

@@ -139,8 +139,8 @@ pub struct VirtualFile {
     /// Whether any extent is computed (kept as extents are pushed: every read asks, and a
     /// Kimi pack has 247,296 extents).
     computed: bool,
-    /// Clients read it in small pieces ([`VirtualFile::read_in_small_pieces`]).
-    small_reads: bool,
+    /// Whether any extent is source bytes (kept likewise).
+    source: bool,
     /// Built from digests of other files (manifests, [`super::derived`]): materialize writes
     /// it after them.
     derived: bool,
@@ -171,6 +171,7 @@ impl VirtualFile {
             return;
         }
         self.computed |= matches!(extent, Extent::Computed { .. });
+        self.source |= matches!(extent, Extent::Source { .. });
         if let (Extent::Zeros(more), Some((_, Extent::Zeros(run)))) = (&extent, self.extents.last_mut()) {
             *run += more;
         } else {
@@ -372,23 +373,15 @@ impl VirtualFile {
         }
     }
 
-    /// Whether every byte is a source byte, literal or zero (nothing is computed): its source
-    /// pages are the only cache it needs.
+    /// Whether every byte is a source byte, literal or zero (nothing is computed).
     pub fn is_identity(&self) -> bool {
         !self.computed
     }
 
-    /// Mark a file its clients read in small pieces (the Kimi pack's index: SGLang's
-    /// validator reads it one 152-byte entry per unbuffered `read`): the mount serves it
-    /// from its own page cache by default, not one FUSE request per read (see the
-    /// `direct_io` option).
-    pub fn read_in_small_pieces(&mut self) {
-        self.small_reads = true;
-    }
-
-    /// Whether [`VirtualFile::read_in_small_pieces`] was said of it.
-    pub fn is_read_in_small_pieces(&self) -> bool {
-        self.small_reads
+    /// Whether it is made of source bytes (literals and zeros besides, nothing computed):
+    /// a copy of source pages, which a cache of the file would hold a second time.
+    pub fn is_source_bytes(&self) -> bool {
+        self.source && !self.computed
     }
 
     /// Whether `len` bytes at `offset` are served without waiting for a chunk to be loaded

@@ -247,3 +247,21 @@ pub fn tree_files(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Bytes of `path` in the page cache (util-linux `fincore`).
+#[allow(dead_code)]
+pub fn cached_bytes(path: &Path) -> u64 {
+    let out = run_ok(Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES"]).arg(path));
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Drop `path`'s pages from the page cache (this file's only: other tests run alongside;
+/// written back first, since dirty pages are not dropped).
+#[allow(dead_code)]
+pub fn drop_cached(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: fadvise on an open descriptor, whole file.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}

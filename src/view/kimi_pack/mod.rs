@@ -223,8 +223,6 @@ impl Plan {
     pub fn pack_file(&self, source: &Source, head: Arc<[u8]>) -> VirtualFile {
         let l = &self.layout;
         let mut f = VirtualFile::new();
-        // SGLang's validator and manifest builder read the index 152 bytes at a time.
-        f.read_in_small_pieces();
         f.push(Extent::Bytes(head));
         for (li, idx) in self.experts.layers.iter().enumerate() {
             for expert in 0..l.num_experts {
