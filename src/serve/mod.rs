@@ -115,7 +115,7 @@ fn mount_device(mountpoint: &Path) -> Option<String> {
 }
 
 /// Requests of readahead in flight for views with files made of source bytes.
-const IDENTITY_READ_AHEAD_REQUESTS: u32 = 8;
+const SOURCE_FILES_READ_AHEAD_REQUESTS: u32 = 8;
 
 /// Set the mount's readahead through its backing-device entry in sysfs.
 fn set_read_ahead(mountpoint: &Path, kb: u32) {
@@ -241,13 +241,14 @@ pub fn mount(
     .map_err(|e| MountError::Mount { path: mount_path.clone(), source: e })?;
     // The mount's page cache is filled by the kernel's readahead, one request per max_read.
     // Files made of source bytes read their source with direct I/O, which the source
-    // device's readahead does not reach: eight requests in flight keep its queue as full as a
-    // local reader's (cold whole-pack reads ran at the speed of a local copy; with the
-    // kernel's 128 KiB, at 0.28x). Computed files: one request (a warm read of the BF16 view
-    // ran 1.3-1.6x faster than with 128 KiB, cold reads the same).
+    // device's readahead does not reach: eight requests in flight keep its queue full (a
+    // cold whole-pack read ran at 0.64-0.80x a local copy, at 0.28x with the kernel's
+    // 128 KiB; 16 or 32 requests were no faster). Computed files: one request (a warm read
+    // of the BF16 view ran 1.3-1.6x faster than with 128 KiB; cold reads the same, and no
+    // faster with eight).
     let read_ahead = opts.read_ahead_kb.or_else(|| {
         let requests = if fs.has_source_files() {
-            IDENTITY_READ_AHEAD_REQUESTS
+            SOURCE_FILES_READ_AHEAD_REQUESTS
         } else if has_computed {
             1
         } else {

@@ -621,6 +621,28 @@ mod tests {
         assert!(!sample().is_identity() && !VirtualFile::lazy(1, || Ok(vec![0])).is_identity());
     }
 
+    /// Files of source bytes (the packs) are those the mount caches while reading their
+    /// source around the page cache: some source bytes, nothing computed.
+    #[test]
+    fn source_bytes_are_known_from_the_extents_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.bin");
+        std::fs::write(&path, [7u8; 64]).unwrap();
+        let file = Arc::new(crate::source::SourceFile::open(&path).unwrap());
+        let mut f = VirtualFile::from_bytes(b"header".to_vec());
+        f.push(Extent::Zeros(10));
+        assert!(!f.is_source_bytes(), "literals and zeros only");
+        f.push(Extent::Source { file: file.clone(), offset: 0, len: 0 });
+        assert!(!f.is_source_bytes(), "an empty extent is dropped");
+        f.push(Extent::Source { file: file.clone(), offset: 8, len: 16 });
+        assert!(f.is_source_bytes());
+        f.push(Extent::Computed { producer: Arc::new(Counting), id: 0, len: 5 });
+        assert!(!f.is_source_bytes(), "a computed extent makes it a computed file");
+        let mut whole = VirtualFile::new();
+        whole.push(Extent::Source { file: file.clone(), offset: 0, len: 64 });
+        assert!(whole.is_source_bytes() && whole.whole_source().is_some());
+    }
+
     #[test]
     fn reads_every_range() {
         let f = sample();
