@@ -170,14 +170,23 @@ fn a_source_changed_under_an_o_direct_handle_gives_eio() {
 }
 
 /// Reading the whole pack, with O_DIRECT or buffered (the mount's page cache then holds the
-/// pack), leaves (almost) none of the source in the page cache; with `source_io=buffered`
-/// all of it stays (so the measure can fail).
+/// pack; also with `direct_io=off`), leaves (almost) none of the source in the page cache;
+/// with `source_io=buffered`, or buffered with `direct_io=on` (the pack read through the
+/// daemon from the source's page cache), all of it stays (so the measure can fail).
 #[test]
 fn whole_pack_reads_leave_the_source_out_of_the_page_cache() {
     let tmp = tempfile::tempdir().unwrap();
     let src = make_gguf(tmp.path(), "p.gguf", 4, 32, None).remove(0);
     let size = std::fs::metadata(&src).unwrap().len();
-    let cases = [("", true, 10, 0), ("", false, 10, 0), ("source_io=buffered", true, 100, 90), ("source_io=buffered", false, 100, 90)];
+    let cases = [
+        ("", true, 10, 0),
+        ("", false, 10, 0),
+        ("direct_io=off", false, 10, 0),
+        ("direct_io=on", true, 10, 0),
+        ("direct_io=on", false, 100, 90),
+        ("source_io=buffered", true, 100, 90),
+        ("source_io=buffered", false, 100, 90),
+    ];
     for (opts, direct, at_most, at_least) in cases {
         let m = Mount::new(&src, &[opts]);
         let pack = m.path("p.pack");

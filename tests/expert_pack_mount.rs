@@ -290,6 +290,9 @@ fn mount_helper_forms() {
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(mnt.join("sample-moe.pack.manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["pack_path"], mnt.join("sample-moe.pack").to_string_lossy().as_ref());
     assert_eq!(std::fs::read(mnt.join("sample-moe.pack")).unwrap().len(), a.len());
+    // Given a descriptor, the daemon cannot set the mount's readahead, so the pack is read
+    // through the daemon (FOPEN_DIRECT_IO) rather than in 128 KiB readahead requests.
+    assert_eq!(cached_bytes(&mnt.join("sample-moe.pack")), 0, "the pack entered the page cache of a mount without readahead");
     umount(&mnt);
 }
 

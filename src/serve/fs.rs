@@ -85,7 +85,8 @@ metric_set! {
         /// Reads of view files that failed (by errno: `xpackfs_read_errors_by_errno_total`).
         read_errors: Counter,
         /// Read requests of handles that read the source with O_DIRECT (under source_io=auto:
-        /// clients' O_DIRECT handles, and files of source bytes kept in the mount's page cache).
+        /// clients' O_DIRECT handles, and copies of source bytes kept in the mount's page
+        /// cache; a remote source's are counted too, though it has no O_DIRECT).
         direct_reads: Counter,
         /// Bytes returned to those handles.
         direct_bytes: Counter,
@@ -398,15 +399,17 @@ impl Fs {
         }
     }
 
-    /// Whether any file is made of source bytes ([`VirtualFile::is_source_bytes`]).
-    pub fn has_source_files(&self) -> bool {
-        self.tree.vfiles().any(|f| f.is_source_bytes())
+    /// Whether any file is a copy of source bytes ([`Fs::is_source_copy`]).
+    pub fn has_source_copies(&self) -> bool {
+        self.tree.vfiles().any(|f| source_copy(f))
     }
 
-    /// Whether the file is made of source bytes ([`VirtualFile::is_source_bytes`]): kept in
-    /// the mount's page cache, its buffered handles read the source with direct I/O.
-    pub fn is_source_bytes(&self, ino: Ino) -> bool {
-        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if f.is_source_bytes())
+    /// Whether the file is made of source bytes laid out anew ([`VirtualFile::is_source_bytes`],
+    /// the packs), not a whole source file: kept in the mount's page cache, its buffered
+    /// handles read the source around the page cache. A whole source file (an INT8 tree's)
+    /// is the source's own pages: passed through, or read through the daemon.
+    pub fn is_source_copy(&self, ino: Ino) -> bool {
+        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if source_copy(f))
     }
 
     /// Whether any file has computed chunks (reads that may wait).
@@ -513,6 +516,11 @@ fn read_in_pieces(f: &VirtualFile, offset: u64, buf: &mut [u8], ctx: ReadCtx, pi
         }
     });
     pieces.into_iter().try_fold(Tally::default(), |t, (_, _, r)| Ok(t.plus(r?)))
+}
+
+/// See [`Fs::is_source_copy`].
+fn source_copy(f: &VirtualFile) -> bool {
+    f.is_source_bytes() && f.whole_source().is_none()
 }
 
 #[cfg(test)]

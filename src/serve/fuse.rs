@@ -41,9 +41,14 @@ pub struct FuseAdapter {
     pub fs: Arc<Fs>,
     pub max_read: u32,
     pub max_background: Option<u16>,
-    /// `Some(true)`: FOPEN_DIRECT_IO for every file of the view (the `direct_io` option);
-    /// else (auto, off) the kernel keeps the files in the mount's page cache.
+    /// The `direct_io` option: `Some(true)`: FOPEN_DIRECT_IO for every file of the view;
+    /// else the kernel keeps the view's files in the mount's page cache, except copies of
+    /// source bytes while `cache_copies` is false (auto, until the mount's readahead is set).
     pub direct_io: Option<bool>,
+    /// Copies of source bytes ([`Fs::is_source_copy`]) are kept in the mount's page cache and
+    /// their buffered handles read the source around it; else they are opened with
+    /// FOPEN_DIRECT_IO and read the source through its page cache.
+    pub cache_copies: Arc<std::sync::atomic::AtomicBool>,
     pub passthrough: Arc<Passthrough>,
     /// How handles read the source: `None` (auto) with direct I/O for clients' `O_DIRECT`
     /// handles and files of source bytes kept in the mount's page cache, else always this
@@ -125,10 +130,15 @@ impl Filesystem for FuseAdapter {
                 Err(_) => self.passthrough.disable("the kernel does not offer it"),
             }
         }
-        if self.direct_io == Some(true) {
+        if self.direct_io != Some(false) {
             // mmap of direct-io files (SGLang may mmap the pack); kernels without it refuse mmap.
             if config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_err() {
-                tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
+                if self.direct_io == Some(true) {
+                    tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
+                } else {
+                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; the packs are kept in the page cache");
+                    self.cache_copies.store(true, Ordering::Relaxed);
+                }
             }
         }
         // One large O_DIRECT read is sent as concurrent requests, not one after the other.
@@ -212,12 +222,12 @@ impl Filesystem for FuseAdapter {
             }
         }
         // The client's O_DIRECT decides how this handle reads the source (unless overridden).
-        // Files made of source bytes are kept in the mount's page cache (unless direct_io=on),
-        // so their buffered handles read the source around the page cache too: memory holds
-        // one copy, the view's, and a warm re-read never reaches the daemon.
+        // Copies of source bytes kept in the mount's page cache read their source around it
+        // too: memory holds one copy, the view's, and a warm re-read never reaches the daemon.
         let client_direct = flags.0 & libc::O_DIRECT != 0;
-        let fopen_direct = self.direct_io == Some(true);
-        let around = !fopen_direct && self.fs.is_source_bytes(ino.0);
+        let copy = self.fs.is_source_copy(ino.0);
+        let fopen_direct = self.direct_io.unwrap_or_else(|| copy && !self.cache_copies.load(Ordering::Relaxed));
+        let around = copy && !fopen_direct;
         let io = self.source_io.unwrap_or(if client_direct || around { SourceIo::Direct } else { SourceIo::Buffered });
         let fh = FileHandle(fh | if io == SourceIo::Direct { DIRECT_FH } else { 0 });
         if self.fs.is_dynamic(ino.0) {

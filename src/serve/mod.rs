@@ -114,19 +114,27 @@ fn mount_device(mountpoint: &Path) -> Option<String> {
     })
 }
 
-/// Requests of readahead in flight for views with files made of source bytes.
-const SOURCE_FILES_READ_AHEAD_REQUESTS: u32 = 8;
+/// Requests of readahead in flight for views with copies of source bytes in the mount's
+/// page cache ([`Fs::is_source_copy`]).
+const SOURCE_COPIES_READ_AHEAD_REQUESTS: u32 = 8;
 
 /// Set the mount's readahead through its backing-device entry in sysfs.
-fn set_read_ahead(mountpoint: &Path, kb: u32) {
+/// (Writing it needs root.) Whether it was set.
+fn set_read_ahead(mountpoint: &Path, kb: u32) -> bool {
     let Some(dev) = mount_device(mountpoint) else {
         tracing::warn!("read_ahead_kb: {} not found in /proc/self/mountinfo", mountpoint.display());
-        return;
+        return false;
     };
     let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     match std::fs::write(&path, kb.to_string()) {
-        Ok(()) => tracing::info!("read_ahead_kb={kb} set in {path}"),
-        Err(e) => tracing::warn!("could not set {path}: {e}"),
+        Ok(()) => {
+            tracing::info!("read_ahead_kb={kb} set in {path}");
+            true
+        }
+        Err(e) => {
+            tracing::warn!("could not set {path}: {e}");
+            false
+        }
     }
 }
 
@@ -192,7 +200,12 @@ pub fn mount(
         libc::malloc_trim(0);
     }
     let has_computed = fs.has_computed();
+    // Copies of source bytes are kept in the mount's page cache with direct_io=off, and
+    // with auto once the mount's readahead is set below (or the kernel cannot mmap direct-io
+    // files, see `FuseAdapter::init`).
+    let cache_copies = Arc::new(std::sync::atomic::AtomicBool::new(opts.direct_io.forced() == Some(false)));
     let adapter = fuse::FuseAdapter {
+        cache_copies: cache_copies.clone(),
         fs: fs.clone(),
         max_read: opts.max_read,
         max_background: opts.max_background,
@@ -240,15 +253,16 @@ pub fn mount(
     }
     .map_err(|e| MountError::Mount { path: mount_path.clone(), source: e })?;
     // The mount's page cache is filled by the kernel's readahead, one request per max_read.
-    // Files made of source bytes read their source with direct I/O, which the source
+    // Copies of source bytes kept there read their source with direct I/O, which the source
     // device's readahead does not reach: eight requests in flight keep its queue full (a
     // cold whole-pack read ran at 0.64-0.80x a local copy, at 0.28x with the kernel's
     // 128 KiB; 16 or 32 requests were no faster). Computed files: one request (a warm read
     // of the BF16 view ran 1.3-1.6x faster than with 128 KiB; cold reads the same, and no
-    // faster with eight).
+    // faster with eight, which views with both get).
+    let copies = fs.has_source_copies() && opts.direct_io.forced() != Some(true);
     let read_ahead = opts.read_ahead_kb.or_else(|| {
-        let requests = if fs.has_source_files() {
-            SOURCE_FILES_READ_AHEAD_REQUESTS
+        let requests = if copies {
+            SOURCE_COPIES_READ_AHEAD_REQUESTS
         } else if has_computed {
             1
         } else {
@@ -256,8 +270,18 @@ pub fn mount(
         };
         Some(requests * opts.max_read / 1024)
     });
-    if let (Some(kb), None) = (read_ahead, fd_mode) {
-        set_read_ahead(&mount_path, kb);
+    let read_ahead_set = match (read_ahead, fd_mode) {
+        (Some(kb), None) => set_read_ahead(&mount_path, kb),
+        _ => false,
+    };
+    if copies && opts.direct_io.forced().is_none() {
+        if read_ahead_set {
+            cache_copies.store(true, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            // Without it the copies would be read in 128 KiB requests: they are read
+            // through the daemon instead (FOPEN_DIRECT_IO), from the source's page cache.
+            tracing::info!("direct_io=auto: the mount's readahead is not set, so the files of source bytes are read through the daemon");
+        }
     }
 
     let mut session = session;

@@ -64,8 +64,10 @@ pub struct ServeOptions {
     /// mount's page cache, so neither leaves source pages in memory; else buffered
     #[arg(long, default_value = "auto", value_parser = SourceIoChoice::parse, help_heading = "Serving")]
     pub source_io: SourceIoChoice,
-    /// Threads that serve the reads of direct (O_DIRECT) handles, so that many reach the device
-    /// at once while page-cache reads stay on the FUSE workers (0: on the FUSE workers)
+    /// Threads that serve the reads of direct handles (clients' O_DIRECT handles, and handles
+    /// of packs kept in the mount's page cache, whose source is read with O_DIRECT), so that
+    /// many reach the device at once while other reads stay on the FUSE workers (0: on the
+    /// FUSE workers)
     #[arg(long, default_value = "32", value_parser = int_in::<usize>(0, 256), help_heading = "Serving")]
     pub direct_threads: usize,
     /// Reads of direct handles larger than this many KiB are read as parallel pieces of it

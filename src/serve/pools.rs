@@ -1,6 +1,7 @@
 //! The read pools: plain threads that serve reads the FUSE workers hand over, so a worker
 //! goes back for the next request instead of holding its thread on the device (reads of
-//! `O_DIRECT` handles) or on a chunk being loaded or computed (reads that would wait).
+//! direct handles: clients' `O_DIRECT` ones, and the readahead of packs kept in the mount's
+//! page cache) or on a chunk being loaded or computed (reads that would wait).
 
 use std::sync::Arc;
 
@@ -14,8 +15,8 @@ pub const WAITING_THREADS: usize = 32;
 /// handles, another for reads that wait for a chunk (threads named `xpackfs-dio-N` and
 /// `xpackfs-wait-N`). A direct read holds its thread on the device for the whole request,
 /// so the FUSE worker hands it over and goes back for the next request: the requests of one client `preadv` (async direct I/O sends them at once)
-/// and of its concurrent readers reach the device together, as a local reader's do, while
-/// page-cache reads stay on the few FUSE workers.
+/// and of its concurrent readers (or the kernel's readahead requests of a pack) reach the
+/// device together, as a local reader's do, while other reads stay on the few FUSE workers.
 ///
 /// Plain threads taking jobs from one queue, not a work-stealing pool: a read may wait for
 /// a chunk another read is computing, and a thread of a work-stealing pool that waits inside

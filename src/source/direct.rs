@@ -1,7 +1,7 @@
-//! Direct reads of a source file (`O_DIRECT`), for clients that asked for direct I/O: the
-//! bytes go from the device to the daemon without entering the page cache, so a client
-//! that opens the pack with `O_DIRECT` (SGLang's loader) leaves no copy of the source in
-//! memory.
+//! Direct reads of a source file (`O_DIRECT`), for clients that asked for direct I/O and for
+//! the packs the mount's page cache holds: the bytes go from the device to the daemon
+//! without entering the page cache, so a client that opens the pack with `O_DIRECT`
+//! (SGLang's loader), or reads it buffered, leaves no copy of the source in memory.
 //!
 //! [`SourceFile::read_exact_at_direct`] reads the aligned superset of the asked range into
 //! an aligned per-thread buffer and copies out the part asked for (GGUF tensor data need
@@ -88,7 +88,10 @@ impl SourceFile {
                     },
                     Err(e) => e.to_string(),
                 };
-                tracing::warn!("{}: no O_DIRECT reads ({why}): direct handles read it through the page cache", self.path().display());
+                tracing::warn!(
+                    "{}: no O_DIRECT reads ({why}): direct handles read it through the page cache (a pack kept in the mount's page cache is then cached twice)",
+                    self.path().display()
+                );
                 None
             })
             .as_ref()

@@ -1,7 +1,8 @@
 //! Checkpoint readers. A [`Source`] is parsed from headers only: a table of tensors, each
 //! pointing at a byte range in one of the source's files. Content is read later, on
 //! demand, through [`SourceFile::read_exact_at`] (or its `O_DIRECT` twin,
-//! [`SourceFile::read_exact_at_direct`], for clients that read with direct I/O).
+//! [`SourceFile::read_exact_at_direct`], for clients that read with direct I/O and for the
+//! packs the mount's page cache holds).
 //!
 //! A split GGUF set (`name-00001-of-0000N.gguf`) is one logical source: its files are
 //! concatenated in order, and a tensor's *logical offset* is its offset in that

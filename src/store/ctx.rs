@@ -26,7 +26,8 @@ pub struct ReadCtx {
     pub reader: Reader,
     /// The priority a chunk computed for this read runs at on the compute pool.
     pub priority: Priority,
-    /// Source bytes are read with `O_DIRECT` (a client that reads with `O_DIRECT`).
+    /// Source bytes are read with `O_DIRECT` (a client that reads with `O_DIRECT`, or a file
+    /// the mount's page cache holds).
     pub direct: bool,
     /// Chunks read may enter the memory tier (and a hit refreshes its place in the LRU).
     pub memory: bool,

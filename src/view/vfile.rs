@@ -190,7 +190,8 @@ impl VirtualFile {
 
     /// Read up to `buf.len()` bytes at `offset` as `ctx` says; returns the count (short only
     /// at EOF). Source extents are read with direct I/O if `ctx.direct` (a client that reads
-    /// with `O_DIRECT`; computed chunks read their inputs as they do); computed chunks come
+    /// with `O_DIRECT`, or a copy the mount's page cache holds; computed chunks read their
+    /// inputs as they do); computed chunks come
     /// from their producers in `ctx`, and a client's read looks ahead of itself.
     pub fn read_at(&self, offset: u64, buf: &mut [u8], ctx: ReadCtx) -> Result<usize, ViewError> {
         self.read_tallied(offset, buf, ctx).map(|t| t.total() as usize)

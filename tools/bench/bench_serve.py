@@ -298,7 +298,7 @@ def sglang_section(a) -> None:
                     if state == "cold":
                         drop_all()
                     else:
-                        seq(path, None)  # warm: the target (and for xpackfs its source) page-cached
+                        seq(path, None)  # warm: the target page-cached (xpackfs's pack on its mount)
                     t0 = time.perf_counter()
                     n = seq(path, None)
                     got[t].append(n / (time.perf_counter() - t0) / 1e9)
@@ -386,7 +386,9 @@ def main() -> int:
     m = Mounts(a, src, pack_file, store)
     m.xpackfs()  # fills the digest store if needed
     startup = m.xpackfs()
-    m.xpackfs(",direct_io=off,threads=8")  # the first tables compare like with like: page-cache mode, 8 threads
+    # The first tables compare like with like: page-cache mode, the source read buffered (as minipass
+    # does), the kernel's readahead, 8 threads.
+    m.xpackfs(",direct_io=off,source_io=buffered,read_ahead_kb=128,threads=8")
     m.minipass()
     targets = {"source": pack_file, "minipass": m.mm / "file", "xpackfs": m.mx / pack_file.name}
     seq(pack_file, layout)  # both sources in the page cache: the file minipass serves,
@@ -398,15 +400,16 @@ def main() -> int:
             for state in ("cold", "warm"):
                 rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds, pids, (name, state))))
         rss = rss_kb(m.xpid())
-        # FOPEN_DIRECT_IO on both (xpackfs's default for the pack, direct_io=auto; minipass --direct-io).
-        m.xpackfs(",threads=8")
+        # FOPEN_DIRECT_IO on both (xpackfs -o direct_io=on, its default for the pack until the pack
+        # moved into the mount's page cache; minipass --direct-io).
+        m.xpackfs(",direct_io=on,threads=8")
         m.minipass("--direct-io")
         for name, fn in PATTERNS:
             if name == "mmap touch":
                 continue  # minipass does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP
             for state in ("cold", "warm"):
                 dio_rows.append((name, state, median_rates(targets, fn, layout, state == "cold", a.rounds)))
-        m.xpackfs(",direct_io=off,threads=8")
+        m.xpackfs(",direct_io=off,source_io=buffered,read_ahead_kb=128,threads=8")
         m.minipass()
         # Readahead of the mount (root may set it in /sys/class/bdi): cold 1 MiB sequential.
         fuse = {k: v for k, v in targets.items() if k != "source"}
@@ -417,7 +420,7 @@ def main() -> int:
         set_read_ahead(m.mm, 128)
         # Other levers, on xpackfs alone (default readahead), against its default settings.
         only_x = {"xpackfs": targets["xpackfs"]}
-        pc = "direct_io=off,threads=8"
+        pc = "direct_io=off,source_io=buffered,read_ahead_kb=128,threads=8"
         for label, o in [("page cache, 8 threads, clone_fd", pc), ("threads=1", pc + ",threads=1"),
                          ("threads=2", pc + ",threads=2"), ("threads=32", pc + ",threads=32"),
                          ("clone_fd=off", pc + ",clone_fd=off"), ("max_read=131072", pc + ",max_read=131072"),
@@ -432,7 +435,7 @@ def main() -> int:
 
     print(f"pack {pack_file.stat().st_size / 1e9:.2f} GB, {layout['objects']} objects of {layout['payload'] / 1e6:.1f} MB; "
           f"medians of {a.rounds} runs; default readahead (128 KiB)")
-    print("page-cache mode on both FUSE mounts, 8 threads each (xpackfs -o direct_io=off,threads=8; minipass default)")
+    print("page-cache mode on both FUSE mounts, 8 threads each (xpackfs -o direct_io=off,source_io=buffered,read_ahead_kb=128,threads=8; minipass default)")
     print(f"{'pattern':<16} {'state':<5} {'source':>8} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/source':>9}  (MB/s)")
     for name, state, r in rows:
         print(f"{name:<16} {state:<5} {r['source']:>8.0f} {r['minipass']:>9.0f} {r['xpackfs']:>8.0f} "
@@ -442,7 +445,7 @@ def main() -> int:
     for name, _ in PATTERNS:
         print(f"{name:<16} {CPU[(name, 'cold', 'minipass')]:>9.2f} {CPU[(name, 'cold', 'xpackfs')]:>8.2f}")
     default = {(n, st): r["minipass"] for n, st, r in rows}
-    print("\nFOPEN_DIRECT_IO on both FUSE mounts (xpackfs's default for the pack; minipass --direct-io); "
+    print("\nFOPEN_DIRECT_IO on both FUSE mounts (xpackfs -o direct_io=on,threads=8; minipass --direct-io); "
           "x/mp default = against minipass in page-cache mode")
     print(f"{'pattern':<16} {'state':<5} {'source':>8} {'minipass':>9} {'xpackfs':>8} {'x/minipass':>11} {'x/mp default':>13} {'x/source':>9}")
     for name, state, r in dio_rows:

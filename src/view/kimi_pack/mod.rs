@@ -6,7 +6,8 @@
 //! `NAME.expert-major.pack` is a header and a 152-byte-per-entry index (literal bytes),
 //! then per active layer, per expert, the up, gate and down slices of the source tensors,
 //! each at the next 4 KiB boundary with zeros between: every payload byte is served from
-//! the source (`Extent::Source`), so the pack gets direct I/O like the first pack. The pack
+//! the source (`Extent::Source`), so, like the first pack, it is a copy of source bytes the
+//! mount's page cache holds, its source read around the page cache. The pack
 //! holds no digest, so a mount reads only headers. The manifest `NAME.expert-major.pack.manifest.json`
 //! appears when the model's `config.json` and tokenizer directory are given; the digests
 //! it holds come from the headers (`metadata_sha256`), the config and tokenizer files, and
