@@ -622,8 +622,8 @@ mod tests {
         assert!(!sample().is_identity() && !VirtualFile::lazy(1, || Ok(vec![0])).is_identity());
     }
 
-    /// Files of source bytes (the packs) are those the mount caches while reading their
-    /// source around the page cache: some source bytes, nothing computed.
+    /// Files of source bytes: some source bytes, nothing computed (the mount keeps those that
+    /// are not whole source files, the packs, in its page cache: `Fs::is_source_copy`).
     #[test]
     fn source_bytes_are_known_from_the_extents_pushed() {
         let dir = tempfile::tempdir().unwrap();
