@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::AllOptions;
 use crate::store::{DiskMode as Mode, FileEntries, Priority};
+use crate::util::ticker::Ticker;
 use crate::view::{self, Context, Input, Purpose, VirtualFile, warm};
 
 #[derive(Debug, clap::Args)]
@@ -44,54 +45,46 @@ fn select(files: Files, paths: &[String]) -> Result<Files, String> {
 
 /// A progress bar on a terminal, else a log line every 10 s, until dropped.
 struct Bar {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    ticker: Option<Ticker>,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl Bar {
     fn start(total: u64, progress: Arc<warm::Progress>) -> Bar {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let terminal = crate::materialize::stderr_is_terminal();
-        let thread = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let bar = terminal.then(|| {
-                    let b = indicatif::ProgressBar::new(total);
-                    b.set_style(
-                        indicatif::ProgressStyle::with_template("warm {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-                    );
-                    b
-                });
-                let (started, mut last) = (std::time::Instant::now(), std::time::Instant::now());
-                while !stop.load(Relaxed) {
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                    let done = progress.bytes.load(Relaxed);
-                    match &bar {
-                        Some(b) => b.set_position(done),
-                        None if last.elapsed().as_secs() >= 10 => {
-                            last = std::time::Instant::now();
-                            let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                            let eta = if rate > 0.0 { (total - done.min(total)) as f64 / rate } else { 0.0 };
-                            tracing::info!("warm: {done}/{total} bytes ({:.0} MB/s, eta {eta:.0}s)", rate / 1e6);
-                        }
-                        None => {}
+        let bar = crate::materialize::stderr_is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(total);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("warm {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        let ticker = {
+            let bar = bar.clone();
+            let (started, mut last) = (std::time::Instant::now(), std::time::Instant::now());
+            Ticker::start(std::time::Duration::from_millis(200), move || {
+                let done = progress.bytes.load(Relaxed);
+                match &bar {
+                    Some(b) => b.set_position(done),
+                    None if last.elapsed().as_secs() >= 10 => {
+                        last = std::time::Instant::now();
+                        let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                        let eta = if rate > 0.0 { (total - done.min(total)) as f64 / rate } else { 0.0 };
+                        tracing::info!("warm: {done}/{total} bytes ({:.0} MB/s, eta {eta:.0}s)", rate / 1e6);
                     }
-                }
-                if let Some(b) = bar {
-                    b.finish_and_clear();
+                    None => {}
                 }
             })
         };
-        Bar { stop, thread: Some(thread) }
+        Bar { ticker: Some(ticker), bar }
     }
 }
 
 impl Drop for Bar {
     fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        drop(self.ticker.take());
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
         }
     }
 }

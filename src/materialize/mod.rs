@@ -22,13 +22,14 @@ mod write;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use crate::fsutil::{fsync_dir, write_atomic};
+use crate::util::ticker::Ticker;
 use crate::view::{Built, VirtualFile};
 use write::{commit, hash_disk, partial_paths, uncommit, write_one};
 
@@ -106,18 +107,17 @@ fn check_space(out: &Path, to_write: u64, margin: u64) -> Result<(), Materialize
     Ok(())
 }
 
-/// Bytes done so far, shown as a progress bar on a terminal, else logged every 10 s.
+/// Bytes done so far, shown as a progress bar on a terminal, else logged every 10 s, until
+/// dropped (the ticker ends at once: the command does not wait out its interval).
 struct Progress {
     done: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    ticker: Option<Ticker>,
     bar: Option<indicatif::ProgressBar>,
 }
 
 impl Progress {
     fn start(total: u64, show_bar: bool) -> Progress {
         let done = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let bar = show_bar.then(|| {
             let b = indicatif::ProgressBar::new(total);
@@ -127,35 +127,29 @@ impl Progress {
             );
             b
         });
-        let thread = {
-            let (done, stop, bar) = (done.clone(), stop.clone(), bar.clone());
-            std::thread::spawn(move || {
-                let mut last = Instant::now();
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                    let d = done.load(Ordering::Relaxed);
-                    match &bar {
-                        Some(b) => b.set_position(d),
-                        None if last.elapsed().as_secs() >= 10 => {
-                            last = Instant::now();
-                            let rate = d as f64 / started.elapsed().as_secs_f64() / 1e6;
-                            tracing::info!("materialize: {d}/{total} bytes ({rate:.0} MB/s)");
-                        }
-                        None => {}
+        let ticker = {
+            let (done, bar) = (done.clone(), bar.clone());
+            let mut last = Instant::now();
+            Ticker::start(std::time::Duration::from_millis(200), move || {
+                let d = done.load(Ordering::Relaxed);
+                match &bar {
+                    Some(b) => b.set_position(d),
+                    None if last.elapsed().as_secs() >= 10 => {
+                        last = Instant::now();
+                        let rate = d as f64 / started.elapsed().as_secs_f64() / 1e6;
+                        tracing::info!("materialize: {d}/{total} bytes ({rate:.0} MB/s)");
                     }
+                    None => {}
                 }
             })
         };
-        Progress { done, stop, thread: Some(thread), bar }
+        Progress { done, ticker: Some(ticker), bar }
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        drop(self.ticker.take());
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }

@@ -1,7 +1,9 @@
-//! Small helpers shared by every layer: hex digests, Python-compatible UTC timestamps, and
-//! the value parsers of options ([`args`]).
+//! Small helpers shared by every layer: hex digests, Python-compatible UTC timestamps, the
+//! value parsers of options ([`args`]) and the progress thread of long commands
+//! ([`ticker`]).
 
 pub mod args;
+pub mod ticker;
 
 use sha2::{Digest, Sha256};
 
