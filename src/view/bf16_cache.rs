@@ -328,8 +328,16 @@ impl ChunkPlan for Fp8Inner {
     fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let first = id as usize * self.rows_per_chunk;
         let rows = self.rows_per_chunk.min(self.geo.rows - first);
-        let mut w = vec![0u8; rows * self.geo.cols];
-        self.weight.read_exact_at(&mut w, self.weight_offset + (first * self.geo.cols) as u64)?;
+        super::with_scratch(rows * self.geo.cols, |w| self.compute_from(first, rows, w))
+    }
+}
+
+impl Fp8Inner {
+    /// [`ChunkPlan::compute`] of the chunk of rows `first..first + rows`, read into `w`.
+    fn compute_from(&self, first: usize, rows: usize, w: &mut [u8]) -> Result<Arc<[u8]>, ViewError> {
+        debug_assert_eq!(w.len(), rows * self.geo.cols);
+        self.weight.read_exact_at(w, self.weight_offset + (first * self.geo.cols) as u64)?;
+        let w = &*w;
         let mut s = vec![0u8; self.scale_len];
         self.scale.read_exact_at(&mut s, self.scale_offset)?;
         let content = |e: crate::codec::CodecError| {
@@ -345,10 +353,10 @@ impl ChunkPlan for Fp8Inner {
             // The chunk's bytes as u16 where that is the little-endian layout (aligned, and
             // a little-endian target); else through a buffer, converted.
             match bytemuck::try_cast_slice_mut::<u8, u16>(bytes) {
-                Ok(out) if cfg!(target_endian = "little") => self.geo.to_bf16_par(&w, first, &s, out).map_err(content),
+                Ok(out) if cfg!(target_endian = "little") => self.geo.to_bf16_par(w, first, &s, out).map_err(content),
                 _ => {
                     let mut out = vec![0u16; w.len()];
-                    self.geo.to_bf16_par(&w, first, &s, &mut out).map_err(content)?;
+                    self.geo.to_bf16_par(w, first, &s, &mut out).map_err(content)?;
                     for (b, v) in bytes.chunks_exact_mut(2).zip(&out) {
                         b.copy_from_slice(&v.to_le_bytes());
                     }
