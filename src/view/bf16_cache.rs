@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::Tiers;
 use super::derived::{Derived, Input};
+use super::scratch::Scratch;
 use super::tiered::{ChunkPlan, Tiered};
 use super::{Extent, ROOT_INO, Tree, ViewError, VirtualFile};
 use crate::codec::fp8::Fp8Blocks;
@@ -328,7 +329,10 @@ impl ChunkPlan for Fp8Inner {
     fn compute(&self, id: u64) -> Result<Arc<[u8]>, ViewError> {
         let first = id as usize * self.rows_per_chunk;
         let rows = self.rows_per_chunk.min(self.geo.rows - first);
-        super::with_scratch(rows * self.geo.cols, |w| self.compute_from(first, rows, w))
+        // The FP8 rows go into a pooled buffer ([`super::scratch`]), not a new one per chunk.
+        let n = rows * self.geo.cols;
+        let mut scratch = Scratch::take_bytes(n);
+        self.compute_from(first, rows, scratch.bytes(n))
     }
 }
 

@@ -19,6 +19,7 @@ pub mod kimi_pack;
 pub mod kt_int8;
 pub mod registry;
 pub mod requant;
+pub(crate) mod scratch;
 pub mod tiered;
 pub mod tree;
 pub mod vfile;
@@ -72,35 +73,6 @@ pub(crate) fn new_chunk<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<()
     fill(Arc::get_mut(&mut chunk).expect("a new Arc has no other holder"))?;
     Ok(chunk)
 }
-
-/// Run `f` on `len` bytes of this thread's scratch buffer (contents unspecified: `f` fills
-/// what it reads), kept between calls. A computation's input read into a new buffer of a
-/// MiB or more gets a fresh mapping whose pages fault in the read's copy and is unmapped
-/// after: the FP8 rows of a BF16 chunk cost the compute threads a sixth of their time in a
-/// cold read that way. A call nested on the same thread (rayon runs other jobs while one
-/// waits) finds the buffer taken and uses a new one. Buffers over [`SCRATCH_KEPT`] are not
-/// kept.
-pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let mut buf = SCRATCH.with(|b| b.try_borrow_mut().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default());
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    let r = f(&mut buf[..len]);
-    if buf.len() <= SCRATCH_KEPT {
-        SCRATCH.with(|b| {
-            if let Ok(mut slot) = b.try_borrow_mut() {
-                *slot = buf;
-            }
-        });
-    }
-    r
-}
-
-/// The largest scratch buffer a thread keeps ([`with_scratch`]).
-const SCRATCH_KEPT: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
@@ -185,31 +157,5 @@ impl ViewError {
             ViewError::Option { .. } => libc::EINVAL,
             _ => libc::EIO,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A thread's scratch buffer is the same memory call after call (no fresh mapping per
-    /// chunk), a nested call gets another, and every call sees the length it asked for.
-    #[test]
-    fn scratch_buffers_are_kept_per_thread_and_nested_calls_get_their_own() {
-        let first = with_scratch(1 << 20, |b| {
-            assert_eq!(b.len(), 1 << 20);
-            b.as_ptr() as usize
-        });
-        let (again, nested) = with_scratch(4096, |b| {
-            assert_eq!(b.len(), 4096);
-            let nested = with_scratch(4096, |n| n.as_ptr() as usize);
-            (b.as_ptr() as usize, nested)
-        });
-        assert_eq!(again, first, "the kept buffer was not reused");
-        assert_ne!(nested, first, "a nested call shared the buffer in use");
-        // A buffer over the bound is not kept: the next call does not get it.
-        let big = with_scratch(SCRATCH_KEPT + 1, |b| b.as_ptr() as usize);
-        let after = with_scratch(16, |b| b.as_ptr() as usize);
-        assert_ne!(after, big);
     }
 }

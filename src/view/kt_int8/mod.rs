@@ -24,6 +24,7 @@ use safetensors::Dtype;
 use serde_json::{Value, json};
 
 use super::derived::{Derived, Input};
+use super::scratch::Scratch;
 use super::tiered::{ChunkPlan, Tiered};
 use super::{ChunkProducer, ROOT_INO, Tree, ViewError, VirtualFile};
 use crate::codec::{self, kt_int8};
@@ -387,45 +388,6 @@ fn find_experts(source: &Source) -> Result<Experts, ViewError> {
     Ok(Experts { decode, experts: experts as usize, hidden: hidden as usize, inter: inter as usize, mats })
 }
 
-/// Decoded matrices for [`Int8Inner::compute_all`], reused: a matrix is up to 4 bytes per
-/// weight (58 MB for a DeepSeek V4 expert) and lives for one job, so a fresh zeroed buffer
-/// per job cost page faults and zeroing (about a fifth of the view's time). Buffers go back
-/// to a shared pool that keeps at most [`SCRATCH_KEEP_BYTES`]; every value of the part
-/// handed out is written by the decoder before it is read.
-struct Scratch(Vec<f32>);
-
-static SCRATCH: parking_lot::Mutex<Vec<Vec<f32>>> = parking_lot::Mutex::new(Vec::new());
-const SCRATCH_KEEP_BYTES: usize = 256 << 20;
-
-impl Scratch {
-    /// A buffer of at least `n` values (the smallest pooled one that fits, else a new one).
-    fn take(n: usize) -> Scratch {
-        let mut pool = SCRATCH.lock();
-        let fit = pool.iter().enumerate().filter(|(_, v)| v.len() >= n).min_by_key(|(_, v)| v.len()).map(|(i, _)| i);
-        let v = fit.map(|i| pool.swap_remove(i));
-        drop(pool);
-        Scratch(v.unwrap_or_else(|| vec![0f32; n]))
-    }
-
-    fn slice(&mut self, n: usize) -> &mut [f32] {
-        if self.0.len() < n {
-            self.0.resize(n, 0.0);
-        }
-        &mut self.0[..n]
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        let mut pool = SCRATCH.lock();
-        let held: usize = pool.iter().map(|b| b.len() * 4).sum();
-        if held + v.len() * 4 <= SCRATCH_KEEP_BYTES {
-            pool.push(v);
-        }
-    }
-}
-
 /// One (layer, expert, projection): all NUMA parts' quant and scale files, computed together
 /// (one decode of the matrix) as sibling parts of one job through the tiers.
 struct Int8Inner {
@@ -478,6 +440,7 @@ impl ChunkPlan for Int8Inner {
     /// packed (the codec calls of this view), straight into the chunks the caches keep.
     fn compute_all(&self) -> Result<Vec<Arc<[u8]>>, ViewError> {
         let (rows, cols) = if self.proj == 2 { (self.hidden, self.inter) } else { (self.inter, self.hidden) };
+        // The decoded matrix, in a pooled buffer (see [`super::scratch`]).
         let mut scratch = Scratch::take(rows * cols);
         let w = scratch.slice(rows * cols);
         self.matrix.decode_into(rows, cols, &self.name, w)?;
