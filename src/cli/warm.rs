@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::AllOptions;
 use crate::store::{DiskMode as Mode, FileEntries, Priority};
-use crate::util::ticker::Ticker;
+use crate::util::ticker::Shown;
 use crate::view::{self, Context, Input, Purpose, VirtualFile, warm};
 
 #[derive(Debug, clap::Args)]
@@ -44,49 +44,8 @@ fn select(files: Files, paths: &[String]) -> Result<Files, String> {
 }
 
 /// A progress bar on a terminal, else a log line every 10 s, until dropped.
-struct Bar {
-    ticker: Option<Ticker>,
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl Bar {
-    fn start(total: u64, progress: Arc<warm::Progress>) -> Bar {
-        let bar = crate::materialize::stderr_is_terminal().then(|| {
-            let b = indicatif::ProgressBar::new(total);
-            b.set_style(
-                indicatif::ProgressStyle::with_template("warm {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b
-        });
-        let ticker = {
-            let bar = bar.clone();
-            let (started, mut last) = (std::time::Instant::now(), std::time::Instant::now());
-            Ticker::start(std::time::Duration::from_millis(200), move || {
-                let done = progress.bytes.load(Relaxed);
-                match &bar {
-                    Some(b) => b.set_position(done),
-                    None if last.elapsed().as_secs() >= 10 => {
-                        last = std::time::Instant::now();
-                        let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                        let eta = if rate > 0.0 { (total - done.min(total)) as f64 / rate } else { 0.0 };
-                        tracing::info!("warm: {done}/{total} bytes ({:.0} MB/s, eta {eta:.0}s)", rate / 1e6);
-                    }
-                    None => {}
-                }
-            })
-        };
-        Bar { ticker: Some(ticker), bar }
-    }
-}
-
-impl Drop for Bar {
-    fn drop(&mut self) {
-        drop(self.ticker.take());
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
+fn shown(total: u64, progress: Arc<warm::Progress>) -> Shown {
+    Shown::start("warm", total, crate::materialize::stderr_is_terminal(), move || progress.bytes.load(Relaxed))
 }
 
 pub fn run(a: WarmArgs) -> i32 {
@@ -126,7 +85,7 @@ pub fn run(a: WarmArgs) -> i32 {
             let total: u64 = remote.iter().flat_map(|(_, v)| v.iter().map(|(a, b)| b - a)).sum();
             let progress = Arc::new(warm::Progress::default());
             let report = {
-                let _bar = Bar::start(total, progress.clone());
+                let _bar = shown(total, progress.clone());
                 warm::fetch_sources(&remote, &progress)
             };
             if !a.json {
@@ -145,7 +104,7 @@ pub fn run(a: WarmArgs) -> i32 {
         let prio = if a.nice { Priority::Background } else { Priority::Read };
         let progress = Arc::new(warm::Progress::default());
         let report = {
-            let _bar = Bar::start(total, progress.clone());
+            let _bar = shown(total, progress.clone());
             warm::run(&ctx.tiers, &items, prio, &progress)
         };
         let files_report = entries.map(|e| warm::write_files(&ctx.tiers, &e, &files, prio)).unwrap_or_default();

@@ -23,13 +23,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use crate::fsutil::{fsync_dir, write_atomic};
-use crate::util::ticker::Ticker;
+use crate::util::ticker::Shown;
 use crate::view::{Built, VirtualFile};
 use write::{commit, hash_disk, partial_paths, uncommit, write_one};
 
@@ -108,51 +107,20 @@ fn check_space(out: &Path, to_write: u64, margin: u64) -> Result<(), Materialize
 }
 
 /// Bytes done so far, shown as a progress bar on a terminal, else logged every 10 s, until
-/// dropped (the ticker ends at once: the command does not wait out its interval).
+/// dropped ([`Shown`]).
 struct Progress {
     done: Arc<AtomicU64>,
-    ticker: Option<Ticker>,
-    bar: Option<indicatif::ProgressBar>,
+    _shown: Shown,
 }
 
 impl Progress {
     fn start(total: u64, show_bar: bool) -> Progress {
         let done = Arc::new(AtomicU64::new(0));
-        let started = Instant::now();
-        let bar = show_bar.then(|| {
-            let b = indicatif::ProgressBar::new(total);
-            b.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b
-        });
-        let ticker = {
-            let (done, bar) = (done.clone(), bar.clone());
-            let mut last = Instant::now();
-            Ticker::start(std::time::Duration::from_millis(200), move || {
-                let d = done.load(Ordering::Relaxed);
-                match &bar {
-                    Some(b) => b.set_position(d),
-                    None if last.elapsed().as_secs() >= 10 => {
-                        last = Instant::now();
-                        let rate = d as f64 / started.elapsed().as_secs_f64() / 1e6;
-                        tracing::info!("materialize: {d}/{total} bytes ({rate:.0} MB/s)");
-                    }
-                    None => {}
-                }
-            })
+        let shown = {
+            let done = done.clone();
+            Shown::start("materialize", total, show_bar, move || done.load(Ordering::Relaxed))
         };
-        Progress { done, ticker: Some(ticker), bar }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        drop(self.ticker.take());
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
+        Progress { done, _shown: shown }
     }
 }
 
