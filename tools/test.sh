@@ -14,7 +14,12 @@
 #     must find no mismatch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's start, in seconds since the run began (.ci/run's start when it calls this).
+export XPACKFS_RUN_START="${XPACKFS_RUN_START:-$(date +%s)}"
+step() { echo "== [$(($(date +%s) - XPACKFS_RUN_START)) s] $*"; }
+step "dependencies"
 bash tools/deps.sh
+step "reference ggml and llama.cpp peers"
 XPACKFS_GGML_LIB="${XPACKFS_GGML_LIB:-$(bash tools/build_ggml_ref.sh)}"
 export XPACKFS_GGML_LIB
 echo "reference ggml: $XPACKFS_GGML_LIB"
@@ -27,16 +32,18 @@ echo "llama-cpp-python: ${XPACKFS_LLAMA_CPP:-on the Python path}"
 echo "llama-quantize: $(bash tools/llama_quantize_tool.sh)"
 if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add clippy; fi
 if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then rustup component add rustfmt; fi
+step "rustfmt and clippy"
 cargo fmt --check
 (cd fuzz && cargo fmt --check)
 cargo clippy --locked --all-targets --quiet -- -D warnings -D clippy::undocumented_unsafe_blocks
+step "cargo test"
 cargo test --locked --all-targets
 
-echo "== the remote-source test servers, checked with the clients they stand in for"
+step "the remote-source test servers, checked with the clients they stand in for"
 python3 tools/peers/remote/check_hub_standin.py
 python3 tools/peers/remote/check_fault_proxy.py
 
-echo "== codec reference checks"
+step "codec reference checks"
 cargo build --locked --release --quiet
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -47,6 +54,7 @@ cmp tests/golden/quantize_k.bin "$tmp/golden/quantize_k.bin"
 cmp tests/golden/quantize_legacy.bin "$tmp/golden/quantize_legacy.bin"
 cmp tests/golden/dequantize_legacy.bin "$tmp/golden/dequantize_legacy.bin"
 echo "golden vectors: identical to the reference's output"
+step "randomized differential test against the reference ggml"
 python3 tools/peers/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS:-100000}" --seed "${XPACKFS_DIFF_SEED:-20261130}"
 # Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, each without and with an imatrix: 20,000 rows each.
 python3 tools/peers/ggml_ref.py diff --rows "${XPACKFS_DIFF_ROWS_LEGACY:-20000}" --seed "${XPACKFS_DIFF_SEED:-20261130}" --types legacy
