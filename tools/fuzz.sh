@@ -59,7 +59,7 @@ cp "$corpus/safetensors_dir/hf" "$corpus/build_safetensors/"
 python3 tools/corpus/fuzz_pack_dir.py "$corpus/build_safetensors" "$corpus/work/v4" "$corpus"/work/st/dir/* >/dev/null
 cp "$corpus"/build_safetensors/* "$corpus/safetensors_dir/"
 for target in "${targets[@]}"; do
-  echo "== fuzz $target for ${seconds}s"
+  echo "== [$(($(date +%s) - ${XPACKFS_RUN_START:-$(date +%s)})) s] fuzz $target for ${seconds}s"
   log="$corpus/work/fuzz-$target.log"
   if ! cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
     grep -E "panicked at|^(thread|attempt|called)|ERROR: libFuzzer|SUMMARY|Test unit written" "$log" | head -n 20

@@ -801,8 +801,16 @@ mod tests {
             mount_tmpfs(dir.path(), 0, opts).then(|| TmpMount { _unmount: Unmount(dir.path().to_path_buf()), dir })
         }
 
+        /// Remount read-only. The kernel refuses (EBUSY) while any file on it is open for
+        /// writing, and a test running alongside that forks a child (`kill_9_...`) holds a
+        /// copy of every descriptor of the process until its `exec`: try again for a while.
         fn remount_read_only(&self) -> bool {
-            mount_tmpfs(self.path(), libc::MS_REMOUNT | libc::MS_RDONLY, "")
+            (0..100).any(|i| {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                mount_tmpfs(self.path(), libc::MS_REMOUNT | libc::MS_RDONLY, "")
+            })
         }
 
         fn path(&self) -> &Path {
