@@ -59,6 +59,13 @@ fn llama_quantize(source: &Path, ftype: u32, nthread: u32) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
+/// `llama_model_quantize(source, out, ftype)` for each of `ftypes` (one process), the bytes of each.
+fn llama_quantize_each(source: &Path, ftypes: &[u32], nthread: u32) -> Vec<Vec<u8>> {
+    let dir = tempfile::tempdir().unwrap();
+    run_ok(peer().arg("quantize-each").arg(source).arg(dir.path()).arg(nthread.to_string()).args(ftypes.iter().map(u32::to_string)));
+    ftypes.iter().map(|f| std::fs::read(dir.path().join(format!("{f}.gguf"))).unwrap()).collect()
+}
+
 /// The imatrices of the fixtures: (model, file, tools/fixtures/make_gguf_imatrix.py options).
 const IMATRICES: &[(&str, &str, &str)] = &[
     ("llama16-tied-bf16.gguf", "llama16-tied.imatrix.gguf", "--drop blk.3.ffn_down.weight --zero-count blk.0.attn_q.weight --extra 3"),
@@ -175,14 +182,15 @@ fn every_fixture_and_file_type_equals_llama_model_quantize() {
     let mut checked = Vec::new();
     for fx in FIXTURES {
         let src = fixtures().join(fx);
-        for &(ftype, number) in FTYPES {
+        // llama.cpp opens a split set by its first part (the view by any part).
+        let numbers: Vec<u32> = FTYPES.iter().map(|f| f.1).collect();
+        let wants = llama_quantize_each(&fixtures().join(fx.replace("-00002-", "-00001-")), &numbers, 1);
+        for (&(ftype, _), want) in FTYPES.iter().zip(&wants) {
             let built = build(&src, &["view=gguf", &format!("ftype={ftype}")]).unwrap_or_else(|e| panic!("{fx} {ftype}: {e}"));
             let (name, got) = read_view(&built).unwrap_or_else(|e| panic!("{fx} {ftype}: {e}"));
             let stem = fx.trim_end_matches(".gguf").trim_end_matches("-00002-of-00003");
             assert_eq!(name, format!("{stem}-{ftype}.gguf"));
-            // llama.cpp opens a split set by its first part (the view by any part).
-            let want = llama_quantize(&fixtures().join(fx.replace("-00002-", "-00001-")), number, 1);
-            assert_same(&format!("{fx} {ftype}"), &got, &want);
+            assert_same(&format!("{fx} {ftype}"), &got, want);
             checked.push(format!("{fx}:{ftype}"));
         }
     }
@@ -193,21 +201,31 @@ fn every_fixture_and_file_type_equals_llama_model_quantize() {
     eprintln!("byte-identical with llama_model_quantize: {}", checked.join(", "));
 }
 
-/// llama.cpp's type choice (`--dry-run`: logged per tensor on stderr), in the writer's order.
-fn llama_types(source: &Path, ftype: u32) -> Vec<(String, String)> {
-    let out = run_ok(peer().arg("types").arg(source).arg(ftype.to_string()));
+/// llama.cpp's type choice (`--dry-run`: logged per tensor on stderr), in the writer's order,
+/// for each of `ftypes` (one process).
+fn llama_types_each(source: &Path, ftypes: &[u32]) -> Vec<Vec<(String, String)>> {
+    let out = run_ok(peer().arg("types").arg(source).args(ftypes.iter().map(u32::to_string)));
     let log = String::from_utf8_lossy(&out.stderr);
-    let mut types = Vec::new();
-    for line in log.lines().filter(|l| l.starts_with('[')) {
+    // With several file types, each one's log follows a line "== ftype N".
+    let mut each: Vec<(u32, Vec<(String, String)>)> = if ftypes.len() == 1 { vec![(ftypes[0], Vec::new())] } else { Vec::new() };
+    for line in log.lines() {
+        if let Some(n) = line.strip_prefix("== ftype ") {
+            each.push((n.trim().parse().unwrap(), Vec::new()));
+            continue;
+        }
+        if !line.starts_with('[') {
+            continue;
+        }
         let name = line.split_once(']').unwrap().1.split_whitespace().next().unwrap().to_string();
         let src = line.split("type =").nth(1).unwrap().split(',').next().unwrap().trim();
         let ty = match line.rsplit_once('(') {
             Some((_, t)) if line.contains("->") => t.trim_end_matches(')'),
             _ => src,
         };
-        types.push((name, ty.to_ascii_uppercase()));
+        each.last_mut().expect("a tensor logged before the first file type's marker").1.push((name, ty.to_ascii_uppercase()));
     }
-    types
+    assert_eq!(each.iter().map(|e| e.0).collect::<Vec<_>>(), ftypes, "{}: the peer's log, file types", source.display());
+    each.into_iter().map(|e| e.1).collect()
 }
 
 #[test]
@@ -224,9 +242,9 @@ fn the_type_choice_of_every_offered_file_type_equals_llama_cpps() {
         "deepseek2-bf16.gguf",
     ] {
         let src = xpackfs::source::Source::open(&fixtures().join(fx)).unwrap();
-        for &ftype in Ftype::OFFERED {
+        let numbers: Vec<u32> = Ftype::OFFERED.iter().map(|f| f.number()).collect();
+        for (&ftype, theirs) in Ftype::OFFERED.iter().zip(llama_types_each(&fixtures().join(fx), &numbers)) {
             let ours: Vec<(String, String)> = planned_types(&src, ftype, false).unwrap().into_iter().map(|(name, t)| (name, t.to_ascii_uppercase())).collect();
-            let theirs = llama_types(&fixtures().join(fx), ftype.number());
             assert_eq!(ours.len(), theirs.len(), "{fx} {}: tensor count", ftype.name());
             for (a, b) in ours.iter().zip(&theirs) {
                 assert_eq!(a, b, "{fx} {}: the view's type choice differs from llama.cpp's", ftype.name());

@@ -4,8 +4,14 @@ through llama-cpp-python 0.3.36 (which vendors and builds llama.cpp 0c1e57098).
 
   llama_quantize_peer.py quantize IN OUT FTYPE_NUMBER [NTHREAD] [--allow-requantize] [--imatrix FILE]
                                                                    exit 0 when llama.cpp wrote OUT
-  llama_quantize_peer.py types IN FTYPE_NUMBER                     --dry-run: each tensor's type, logged on stderr
+  llama_quantize_peer.py quantize-each IN OUTDIR NTHREAD FTYPE_NUMBER...
+                                                                   quantize to OUTDIR/FTYPE_NUMBER.gguf for each
+  llama_quantize_peer.py types IN FTYPE_NUMBER...                  --dry-run: each tensor's type, logged on stderr
+                                                                   (with several, each after a line "== ftype N")
   llama_quantize_peer.py load FILE                                 exit 0 when llama.cpp loads FILE
+
+The -each forms and several types run in one process: importing the library costs a quarter
+of a second, as much as quantizing a small fixture.
 
 --imatrix does through the library what the llama-quantize command (tools/quantize/quantize.cpp
 at 0c1e57098) does before it calls llama_model_quantize: it loads FILE as common_imatrix_load
@@ -135,9 +141,18 @@ def main():
         nthread = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5].isdigit() else 1
         quantize(sys.argv[2], sys.argv[3], int(sys.argv[4]), nthread,
                  allow_requantize="--allow-requantize" in sys.argv, imatrix=imatrix)
+    elif cmd == "quantize-each":
+        inp, outdir, nthread = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        for ftype in sys.argv[5:]:
+            quantize(inp, os.path.join(outdir, f"{int(ftype)}.gguf"), int(ftype), nthread)
     elif cmd == "types":
-        # --dry-run: llama.cpp logs each tensor's type choice on stderr ("... (q4_K)")
-        quantize(sys.argv[2], "/dev/null", int(sys.argv[3]), 1, dry_run=True)
+        # --dry-run: llama.cpp logs each tensor's type choice on stderr ("... (q4_K)"), from C:
+        # the markers go to the same descriptor, unbuffered, so they stay in order.
+        ftypes = sys.argv[3:]
+        for ftype in ftypes:
+            if len(ftypes) > 1:
+                os.write(2, f"== ftype {int(ftype)}\n".encode())
+            quantize(sys.argv[2], "/dev/null", int(ftype), 1, dry_run=True)
     elif cmd == "load":
         load(sys.argv[2])
     else:
