@@ -23,11 +23,8 @@ use super::{DigestError, STORE_FORMAT, SourceDigests, TensorDigest, expert_slice
 use crate::source::{Source, SourceError};
 use crate::util::{hex, now_iso};
 
-/// Bytes per read of the whole-source stream from a local file: small enough for the
-/// hash to find them in the core's L2 cache after the copy out of the page cache.
-const BLOCK: usize = 256 << 10;
-/// From a remote object (reads through the fetched-block machinery: fewer, larger).
-const BLOCK_REMOTE: usize = 4 << 20;
+/// Bytes per read of the whole-source stream.
+const BLOCK: usize = 4 << 20;
 
 /// What the whole-source thread computes.
 struct Whole {
@@ -54,7 +51,7 @@ fn whole_stream(source: &Source, data_offsets: &[u64], done: &AtomicU64, failed:
             if failed.load(Ordering::Relaxed) {
                 return Ok(w);
             }
-            let n = (f.size() - off).min(if f.is_remote() { BLOCK_REMOTE } else { BLOCK } as u64) as usize;
+            let n = (f.size() - off).min(BLOCK as u64) as usize;
             buf.resize(n, 0);
             f.read_exact_at(&mut buf, off)?;
             w.source.update(&buf);
