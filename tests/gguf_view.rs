@@ -206,8 +206,8 @@ fn every_fixture_and_file_type_equals_llama_model_quantize() {
 fn llama_types_each(source: &Path, ftypes: &[u32]) -> Vec<Vec<(String, String)>> {
     let out = run_ok(peer().arg("types").arg(source).args(ftypes.iter().map(u32::to_string)));
     let log = String::from_utf8_lossy(&out.stderr);
-    // With several file types, each one's log follows a line "== ftype N".
-    let mut each: Vec<(u32, Vec<(String, String)>)> = if ftypes.len() == 1 { vec![(ftypes[0], Vec::new())] } else { Vec::new() };
+    // Each file type's log follows a line "== ftype N".
+    let mut each: Vec<(u32, Vec<(String, String)>)> = Vec::new();
     for line in log.lines() {
         if let Some(n) = line.strip_prefix("== ftype ") {
             each.push((n.trim().parse().unwrap(), Vec::new()));

@@ -6,8 +6,8 @@ through llama-cpp-python 0.3.36 (which vendors and builds llama.cpp 0c1e57098).
                                                                    exit 0 when llama.cpp wrote OUT
   llama_quantize_peer.py quantize-each IN OUTDIR NTHREAD FTYPE_NUMBER...
                                                                    quantize to OUTDIR/FTYPE_NUMBER.gguf for each
-  llama_quantize_peer.py types IN FTYPE_NUMBER...                  --dry-run: each tensor's type, logged on stderr
-                                                                   (with several, each after a line "== ftype N")
+  llama_quantize_peer.py types IN FTYPE_NUMBER...                  --dry-run: each tensor's type, logged on stderr,
+                                                                   each file type's after a line "== ftype N"
   llama_quantize_peer.py load FILE                                 exit 0 when llama.cpp loads FILE
 
 The -each forms and several types run in one process: importing the library costs a quarter
@@ -148,10 +148,8 @@ def main():
     elif cmd == "types":
         # --dry-run: llama.cpp logs each tensor's type choice on stderr ("... (q4_K)"), from C:
         # the markers go to the same descriptor, unbuffered, so they stay in order.
-        ftypes = sys.argv[3:]
-        for ftype in ftypes:
-            if len(ftypes) > 1:
-                os.write(2, f"== ftype {int(ftype)}\n".encode())
+        for ftype in sys.argv[3:]:
+            os.write(2, f"== ftype {int(ftype)}\n".encode())
             quantize(sys.argv[2], "/dev/null", int(ftype), 1, dry_run=True)
     elif cmd == "load":
         load(sys.argv[2])
