@@ -274,6 +274,36 @@ fn a_multipart_object_and_a_plain_http_server_read_the_same() {
     assert_same_views(want.path(), got.path(), "expert-pack over http://");
 }
 
+#[test]
+fn an_https_server_is_read_through_tls_and_its_certificate_is_checked() {
+    // rustls (with ring) against Python's ssl, a certificate for 127.0.0.1 from a test CA:
+    // trusted through SSL_CERT_FILE, the views equal the local file's; trusting only a
+    // certificate that did not sign the server's, the command fails naming the URL and the
+    // certificate, and writes nothing.
+    let fx = tmp();
+    let web = fx.path().join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    std::fs::copy(sample(), web.join("sample-moe.gguf")).unwrap();
+    let tls = fx.path().join("tls");
+    let https = Server::start("servers.py", &["http", "--port", "0", "--root", web.to_str().unwrap(), "--tls", tls.to_str().unwrap()]);
+    let url = format!("{}/sample-moe.gguf", https.get("http"));
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let want = materialize(&[], sample().to_str().unwrap(), &[]);
+    let got = materialize(&[("SSL_CERT_FILE", https.get("ca"))], &url, &[]);
+    assert_same_views(want.path(), got.path(), "expert-pack over https://");
+
+    let out = tmp();
+    let dest = out.path().join("pack");
+    let leaf = tls.join("leaf.pem").to_str().unwrap().to_string();
+    let o = xpackfs(&[("SSL_CERT_FILE", leaf)], &["materialize", &url, "--out", dest.to_str().unwrap(), "--remote-attempts", "2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "an untrusted certificate was accepted: {err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.contains(&https.get("http")) && last.contains("invalid peer certificate"), "the error does not say why: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!dest.exists() || std::fs::read_dir(&dest).unwrap().next().is_none(), "files were written: {err}");
+}
+
 /// A request to a test server's control endpoint (through Python's urllib: no curl needed).
 fn http(url: &str, method: &str) -> Output {
     run_ok(python().args(["-c", "import sys, urllib.request as u; sys.stdout.buffer.write(u.urlopen(u.Request(sys.argv[1], method=sys.argv[2], data=b'' if sys.argv[2] == 'POST' else None)).read())", url, method]))

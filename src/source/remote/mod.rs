@@ -266,6 +266,17 @@ pub fn is_remote(p: &Path) -> bool {
     RemoteUrl::parse_path(p).is_some()
 }
 
+/// Makes ring the process's rustls crypto provider, once, before any client exists: reqwest
+/// is built without a provider of its own (`rustls-no-provider`, to keep aws-lc-sys out of
+/// the build) and would panic at the first client otherwise. A provider installed earlier by
+/// someone else is kept.
+fn tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// The parsed URL and its namespace (made on first use: for the Hub this resolves the
 /// revision, which may fail).
 fn resolve(p: &Path) -> Result<(RemoteUrl, Arc<dyn Namespace>), RemoteError> {
@@ -279,6 +290,7 @@ fn resolve(p: &Path) -> Result<(RemoteUrl, Arc<dyn Namespace>), RemoteError> {
         return Ok((url, ns.clone()));
     }
     // Made outside the lock: making one may take a round trip.
+    tls_provider();
     let ns: Arc<dyn Namespace> = match url.scheme {
         Scheme::Hf => Arc::new(hub::Repo::open(&url, config())?),
         _ => Arc::new(objects::Bucket::open(&url, config())?),

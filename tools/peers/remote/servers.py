@@ -38,6 +38,8 @@ Subcommands (each also takes --parent-pid PID and --exit-on-stdin-eof; all bind 
          `Content-Range: bytes */size`) when unsatisfiable; `ETag: "<mtime ns hex>-<size hex>"` (changes when the
          file is replaced), Last-Modified, Accept-Ranges; If-Match (412), If-None-Match (304), If-Range.
          Files are opened per request, so replacing a file under the root replaces the object.
+         --tls DIR: the same over HTTPS; a test CA and a certificate for 127.0.0.1 signed by it are made
+         in DIR (openssl), and the ready line says {"http": "https://127.0.0.1:P", "ca": DIR/ca.pem}.
 
   azurite / gcs / gcs-put   see the notes at the end of this docstring (what starts here and how to load it).
 
@@ -280,11 +282,37 @@ class RangeHandler(QuietHandler):
             self.close_connection = True
 
 
+def make_tls_files(d):
+    """A test CA and a certificate for 127.0.0.1 signed by it (openssl), written to directory d:
+    ca.pem (what a client trusts), leaf.pem and leaf.key (what the server presents)."""
+    os.makedirs(d, exist_ok=True)
+    p = lambda n: os.path.join(d, n)  # noqa: E731
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", p("ca.key"), "-out", p("ca.pem"), "-days", "2", "-subj", "/CN=xpackfs test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    run("req", *ec, "-keyout", p("leaf.key"), "-out", p("leaf.csr"), "-subj", "/CN=127.0.0.1")
+    with open(p("leaf.ext"), "w") as f:
+        f.write("basicConstraints=critical,CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", p("leaf.csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"), "-CAcreateserial",
+        "-out", p("leaf.pem"), "-days", "2", "-extfile", p("leaf.ext"))
+    return p("ca.pem"), p("leaf.pem"), p("leaf.key")
+
+
 def cmd_http(args):
     RangeHandler.root = os.path.abspath(args.root)
     srv = Server(("127.0.0.1", args.port), RangeHandler)
+    scheme, extra = "http", {}
+    if args.tls:
+        import ssl
+
+        ca, cert, key = make_tls_files(args.tls)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        scheme, extra = "https", {"ca": ca}
     _common.apply_lifetime_args(args)
-    _common.ready({"http": "http://127.0.0.1:%d" % srv.server_address[1], "root": RangeHandler.root})
+    _common.ready({"http": "%s://127.0.0.1:%d" % (scheme, srv.server_address[1]), "root": RangeHandler.root, **extra})
     _common.serve_forever(srv)
 
 
@@ -548,6 +576,7 @@ def main():
     s = sub.add_parser("http", help="static files with Range, ETag, Last-Modified")
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--root", required=True)
+    s.add_argument("--tls", metavar="DIR", help="serve HTTPS with a test CA and certificate made in DIR (ca.pem)")
     _common.add_lifetime_args(s)
 
     s = sub.add_parser("azurite", help="Azurite blob service + container + uploads (needs npm azurite, azure-storage-blob)")
