@@ -8,8 +8,6 @@ cd "$(dirname "$0")/.."
 seconds="${1:-${FUZZ_SECONDS:-30}}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
-# --codegen-units 16: cargo-fuzz forces one codegen unit in release builds (for ThinLTO, which
-# opt-level 1 does not use; fuzz/Cargo.toml), so the crate's sanitized build ran on one core.
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 targets=(gguf safetensors safetensors_dir int8_manifest imatrix json_caps build_gguf build_safetensors)
@@ -63,7 +61,7 @@ cp "$corpus"/build_safetensors/* "$corpus/safetensors_dir/"
 for target in "${targets[@]}"; do
   echo "== [$(($(date +%s) - ${XPACKFS_RUN_START:-$(date +%s)})) s] fuzz $target for ${seconds}s"
   log="$corpus/work/fuzz-$target.log"
-  if ! cargo fuzz run --fuzz-dir fuzz --codegen-units 16 "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
+  if ! cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
     grep -E "panicked at|^(thread|attempt|called)|ERROR: libFuzzer|SUMMARY|Test unit written" "$log" | head -n 20
     echo "fuzz $target failed (the input is under fuzz/artifacts/$target/)" >&2
     exit 1

@@ -219,7 +219,7 @@ impl Repo {
                 Err(Err(e)) => {
                     stats::note_response(None, started.elapsed());
                     if e.is_connect() && attempt >= 3 {
-                        return Err(RemoteError::Unreachable { url: self.base.clone(), cause: format!("{} ({e})", self.endpoint) });
+                        return Err(RemoteError::Unreachable { url: self.base.clone(), cause: format!("{} ({})", self.endpoint, super::with_root_cause(&e)) });
                     }
                     last = e.to_string();
                 }

@@ -266,6 +266,23 @@ pub fn is_remote(p: &Path) -> bool {
     RemoteUrl::parse_path(p).is_some()
 }
 
+/// An error's text with the innermost error of its chain added when the text leaves it out:
+/// `object_store` says "error sending request" where the reason is three sources down
+/// ("invalid peer certificate: UnknownIssuer", "Connection refused").
+pub(super) fn with_root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let text = e.to_string();
+    let mut root = e;
+    while let Some(next) = root.source() {
+        root = next;
+    }
+    let cause = root.to_string();
+    if std::ptr::addr_eq(root, e) || cause.is_empty() || text.contains(&cause) {
+        return text;
+    }
+    // The reason first: a long message is clipped at its end.
+    format!("{cause} ({text})")
+}
+
 /// Makes ring the process's rustls crypto provider, once, before any client exists: reqwest
 /// is built without a provider of its own (`rustls-no-provider`, to keep aws-lc-sys out of
 /// the build) and would panic at the first client otherwise. A provider installed earlier by
@@ -416,4 +433,24 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     // A cheap per-call random value: the clock's low bits hashed.
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     Duration::from_nanos(twox_hash::XxHash3_64::oneshot(&seed.to_le_bytes()) % nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_root_cause;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Wrap(&'static str, #[source] std::io::Error);
+
+    #[test]
+    fn an_error_names_the_innermost_cause_once() {
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        // Three levels, the reason at the bottom: it comes first, the outer text after.
+        let e = Wrap("error sending request", std::io::Error::other(Wrap("client error (Connect)", refused())));
+        assert_eq!(with_root_cause(&e), "Connection refused (error sending request)");
+        // A text that already says it is left alone; so is an error without a source.
+        assert_eq!(with_root_cause(&Wrap("Connection refused while connecting", refused())), "Connection refused while connecting");
+        assert_eq!(with_root_cause(&refused()), "Connection refused");
+    }
 }

@@ -149,7 +149,7 @@ impl Bucket {
             object_store::Error::PermissionDenied { .. } => RemoteError::Denied { url, status: 403, hint: self.credentials_hint() },
             object_store::Error::Unauthenticated { .. } => RemoteError::Denied { url, status: 401, hint: self.credentials_hint() },
             other => {
-                let text = clip(&with_root_cause(&other));
+                let text = clip(&super::with_root_cause(&other));
                 if http_error_kind(&other) == Some(HttpErrorKind::Connect) {
                     RemoteError::Unreachable { url, cause: text }
                 } else if text.contains("Content-Range") || text.contains("non-partial") || text.contains("Range") {
@@ -282,23 +282,6 @@ fn parse_s3_sha256(value: Option<&str>, kind: Option<&str>) -> Result<Option<Str
 struct NotSha256(String);
 
 /// An error text cut to a readable length (an error body can be anything a server sends).
-/// An error's text with the innermost error of its chain added when the text leaves it out:
-/// `object_store` says "error sending request" where the reason is three sources down
-/// ("invalid peer certificate: UnknownIssuer", "Connection refused").
-fn with_root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let text = e.to_string();
-    let mut root = e;
-    while let Some(next) = root.source() {
-        root = next;
-    }
-    let cause = root.to_string();
-    if std::ptr::addr_eq(root, e) || cause.is_empty() || text.contains(&cause) {
-        return text;
-    }
-    // The reason first: a long message is clipped at its end.
-    format!("{cause} ({text})")
-}
-
 fn clip(s: &str) -> String {
     if s.len() <= 400 {
         return s.to_string();
