@@ -10,6 +10,7 @@ command -v fincore >/dev/null || need_apt+=(util-linux-extra)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 command -v git >/dev/null || need_apt+=(git)
 command -v g++ >/dev/null || need_apt+=(g++)  # the reference ggml (tools/build_ggml_ref.sh)
+command -v openssl >/dev/null || need_apt+=(openssl)  # the HTTPS test's CA (servers.py http --tls)
 if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

@@ -8,10 +8,11 @@ cd "$(dirname "$0")/.."
 seconds="${1:-${FUZZ_SECONDS:-30}}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
 export RUSTC_BOOTSTRAP=1
-# No shared generics: with them, the crate's hot generic code (Vec zero-fills, precondition checks)
-# ran as if from a dependency's copy, one built at opt-level 0 (fuzz/Cargo.toml) or without the
-# crate's inlining. The same 4,000 gguf inputs took 4.3 s without sharing, 12.4 s with it.
-export RUSTFLAGS="${RUSTFLAGS:-} -Zshare-generics=n"
+# The sanitized build without shared generics: with them, the crate's hot generic code (Vec
+# zero-fills, precondition checks) ran as if from a dependency's copy, one built at opt-level 0
+# (fuzz/Cargo.toml) or without the crate's inlining. The same 4,000 gguf inputs took 4.3 s
+# without sharing, 12.4 s with it. Only for `cargo fuzz` (not the release build used below).
+fuzz_rustflags="${RUSTFLAGS:-} -Zshare-generics=n"
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 targets=(gguf safetensors safetensors_dir int8_manifest imatrix json_caps build_gguf build_safetensors)
@@ -65,7 +66,7 @@ cp "$corpus"/build_safetensors/* "$corpus/safetensors_dir/"
 for target in "${targets[@]}"; do
   echo "== [$(($(date +%s) - ${XPACKFS_RUN_START:-$(date +%s)})) s] fuzz $target for ${seconds}s"
   log="$corpus/work/fuzz-$target.log"
-  if ! cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
+  if ! RUSTFLAGS="$fuzz_rustflags" cargo fuzz run --fuzz-dir fuzz "$target" "$corpus/$target" -- -max_total_time="$seconds" -rss_limit_mb=4096 >"$log" 2>&1; then
     grep -E "panicked at|^(thread|attempt|called)|ERROR: libFuzzer|SUMMARY|Test unit written" "$log" | head -n 20
     echo "fuzz $target failed (the input is under fuzz/artifacts/$target/)" >&2
     exit 1
