@@ -7,6 +7,36 @@ pub mod ticker;
 
 use sha2::{Digest, Sha256};
 
+/// Below this many bytes a buffer's pages are left to fault in one by one.
+const POPULATE_MIN: usize = 256 << 10;
+
+/// Map the pages of a fresh buffer of `len` bytes at `ptr` writable in one system call
+/// (`MADV_POPULATE_WRITE`, Linux 5.14) instead of one page fault per 4 KiB as it is first
+/// written: 214 fresh 1 MiB buffers written here took 111-139 ms faulting, 92-101 ms
+/// populated first; cold reads of the BF16 view, whose chunks are such buffers, took 0.85x
+/// the time. Only whole pages inside the buffer are touched; their contents do not change.
+/// False when nothing was populated (a small buffer, or a kernel that refuses the call: the
+/// pages then fault in as before).
+pub fn populate_for_write(ptr: *mut u8, len: usize) -> bool {
+    if len < POPULATE_MIN {
+        return false;
+    }
+    let page = 4096usize;
+    let start = (ptr as usize).next_multiple_of(page);
+    let end = (ptr as usize + len) & !(page - 1);
+    // SAFETY: the range lies inside the caller's buffer, page-aligned; populating pages
+    // neither moves nor changes memory, so nothing the caller holds is invalidated.
+    end > start && unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) } == 0
+}
+
+/// A zeroed buffer of `len` bytes whose pages are already mapped ([`populate_for_write`]):
+/// for a buffer that is about to be overwritten whole (a fetched part, a computed chunk).
+pub fn populated_zeroed(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    let _ = populate_for_write(v.as_mut_ptr(), len);
+    v
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     hex::encode(bytes)
 }
@@ -41,6 +71,57 @@ pub fn format_utc(secs: i64, micros: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn populating_a_buffer_keeps_its_bytes() {
+        for len in [0, 1, 4095, POPULATE_MIN - 1, POPULATE_MIN, (2 << 20) + 16] {
+            let v = populated_zeroed(len);
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(|&b| b == 0), "{len}");
+            // Bytes already written (a buffer that is not fresh) are left as they are, at
+            // any alignment of the buffer.
+            let mut w: Vec<u8> = (0..len + 7).map(|i| (i * 31 % 251) as u8).collect();
+            let before = w.clone();
+            for skew in [0, 3, 7] {
+                let part = &mut w[skew..skew + len];
+                let _ = populate_for_write(part.as_mut_ptr(), part.len());
+            }
+            assert_eq!(w, before, "{len}");
+        }
+    }
+
+    /// Minor page faults of this thread so far.
+    fn minor_faults() -> i64 {
+        // SAFETY: getrusage writes the struct it is given.
+        unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_THREAD, &mut u);
+            u.ru_minflt
+        }
+    }
+
+    #[test]
+    fn a_populated_buffer_is_written_without_page_faults() {
+        let len = 8 << 20;
+        let write = |v: &mut Vec<u8>| {
+            let before = minor_faults();
+            for b in v.iter_mut().step_by(4096) {
+                // SAFETY: `b` is a valid, exclusive reference (volatile: the write must happen).
+                unsafe { std::ptr::write_volatile(b, 1) };
+            }
+            minor_faults() - before
+        };
+        let mut fresh = vec![0u8; len];
+        let faulted = write(&mut fresh);
+        let mut populated = vec![0u8; len];
+        if !populate_for_write(populated.as_mut_ptr(), len) {
+            eprintln!("this kernel refuses MADV_POPULATE_WRITE; nothing to check");
+            return;
+        }
+        let after = write(&mut populated);
+        assert!(faulted >= 1024, "a fresh buffer faulted only {faulted} times");
+        assert!(after <= 4, "a populated buffer faulted {after} times");
+    }
 
     #[test]
     fn utc_like_python_isoformat() {

@@ -67,10 +67,16 @@ pub struct BadIndex {
 }
 
 /// A chunk of `len` bytes computed by `fill` straight into the `Arc<[u8]>` the caches keep
-/// (zeroed first): no `Arc::from(Vec)` copy, and one fresh allocation instead of two.
+/// (zeroed): no `Arc::from(Vec)` copy, and one fresh allocation instead of two. A large
+/// chunk is a fresh mapping whose pages the allocator does not touch to zero them (they come
+/// zeroed); they are mapped in one call ([`crate::util::populate_for_write`]) rather than
+/// with one page fault per 4 KiB as `fill` first writes them.
 pub(crate) fn new_chunk<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Arc<[u8]>, E> {
-    let mut chunk: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
-    fill(Arc::get_mut(&mut chunk).expect("a new Arc has no other holder"))?;
+    // SAFETY: zeroed bytes are initialised `u8`s.
+    let mut chunk = unsafe { Arc::<[u8]>::new_zeroed_slice(len).assume_init() };
+    let bytes = Arc::get_mut(&mut chunk).expect("a new Arc has no other holder");
+    let _ = crate::util::populate_for_write(bytes.as_mut_ptr(), len);
+    fill(bytes)?;
     Ok(chunk)
 }
 

@@ -496,7 +496,7 @@ impl Parts {
         }
         let c = &self.counters;
         c.in_flight.fetch_add(1, Ordering::Relaxed);
-        let buf = spare.filter(|b| b.len() as u64 == len).unwrap_or_else(|| vec![0u8; len as usize]);
+        let buf = spare.filter(|b| b.len() as u64 == len).unwrap_or_else(|| crate::util::populated_zeroed(len as usize));
         let r = fetch.ns.read_owned(&fetch.key, &fetch.meta, offset, buf);
         c.in_flight.fetch_sub(1, Ordering::Relaxed);
         let buf = r?;

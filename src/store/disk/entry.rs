@@ -173,6 +173,7 @@ fn read_entry(file: &File, key: &DiskKey) -> Result<(Arc<[u8]>, SystemTime), Bad
     // SAFETY: zeroed memory is a valid `[u8]`.
     let mut buf: Arc<[u8]> = unsafe { Arc::<[u8]>::new_zeroed_slice(len as usize).assume_init() };
     let out = Arc::get_mut(&mut buf).expect("fresh allocation");
+    let _ = crate::util::populate_for_write(out.as_mut_ptr(), out.len());
     let mut h = checksum(key, len);
     let mut done = 0usize;
     while done < out.len() {
