@@ -332,7 +332,8 @@ impl Active {
         let upto = [self.whole, self.slice].iter().flatten().map(|s| s.pos).max().unwrap_or(from);
         let len = ((upto - from) as usize + BUF).min((self.job.end - from) as usize);
         if self.buf.len() < len {
-            self.buf.resize(len, 0);
+            // A fresh buffer, its pages mapped in one call.
+            self.buf = crate::util::populated_zeroed(len);
         }
         self.buf_len = 0;
         self.job.file.read_exact_at(&mut self.buf[..len], from)?;

@@ -44,7 +44,7 @@ fn whole_stream(source: &Source, data_offsets: &[u64], done: &AtomicU64, failed:
         header: Sha256::new(),
         file_headers: (0..source.files.len()).map(|_| Sha256::new()).collect(),
     };
-    let mut buf = Vec::new();
+    let mut buf = crate::util::populated_zeroed(BLOCK);
     for (i, f) in source.files.iter().enumerate() {
         let mut off = 0u64;
         while off < f.size() {

@@ -50,7 +50,7 @@ struct Buf {
 
 impl Buf {
     fn new(capacity: usize) -> Buf {
-        let v = vec![0u8; capacity + DIRECT_ALIGN];
+        let v = crate::util::populated_zeroed(capacity + DIRECT_ALIGN);
         let start = v.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
         Buf { v, start, len: 0 }
     }
@@ -113,7 +113,7 @@ fn write_at(out: &File, direct: &mut Option<File>, b: &[u8], off: u64, out_path:
 /// [`open_direct`]; else asking the kernel to start writeback of each chunk at once), one
 /// makes the writes durable every [`SYNC_EVERY`] bytes (fdatasync, then `durable(bytes known
 /// written before it)`) without stalling the writer, and one hashes, in order. Buffers
-/// circulate through a small pool (fresh 8 MiB buffers would cost a page fault per 4 KiB).
+/// circulate through a small pool, their pages mapped once when made ([`crate::util::populate_for_write`]).
 /// `hasher` must be positioned at `start`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stream(
