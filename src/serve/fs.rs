@@ -90,8 +90,9 @@ metric_set! {
         direct_reads: Counter,
         /// Bytes returned to those handles.
         direct_bytes: Counter,
-        /// Bytes replied straight from a chunk or literal held in memory, with no copy into
-        /// a reply buffer in the daemon (reads that lie in one computed or literal extent).
+        /// Bytes replied straight from a chunk, literal or fetched part held in memory, with
+        /// no copy into a reply buffer in the daemon (reads that lie in one computed or
+        /// literal extent, or in one fetched part of a remote source).
         bytes_held: Counter,
     }
 }
@@ -460,7 +461,8 @@ impl Fs {
 
     /// [`Fs::read`] of up to `len` bytes without copying them, where the view holds them
     /// ([`crate::view::VirtualFile::read_held`]: the request lies in one literal or computed
-    /// extent); counted as `read` counts, and in `bytes_held`. `None`, with nothing read or
+    /// extent, or in one fetched part of a remote source); counted as `read` counts, and in
+    /// `bytes_held`. `None`, with nothing read or
     /// counted, for every other request (status files included): `read` serves those.
     pub fn read_held(&self, ino: Ino, offset: u64, len: usize, ctx: ReadCtx) -> Result<Option<Held>, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;

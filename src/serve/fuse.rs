@@ -332,8 +332,8 @@ impl Filesystem for FuseAdapter {
 #[allow(clippy::too_many_arguments)]
 fn serve_read(fs: &Fs, ino: INodeNo, fh: u64, offset: u64, size: u32, ctx: ReadCtx, piece: usize, reply: ReplyData) {
     let _span = tracing::debug_span!("read", ino = ino.0, offset, size).entered();
-    // Bytes the view holds (one chunk or literal) go to the reply as they are: the only
-    // copy is the kernel's, out of the reply's iovec.
+    // Bytes the view holds (one chunk, literal or fetched part) go to the reply as they
+    // are: the only copy is the kernel's, out of the reply's iovec.
     match guarded(fs, "read", || fs.read_held(ino.0, offset, size as usize, ctx)) {
         Ok(Some(held)) => return reply.data(held.as_slice()),
         Ok(None) => {}

@@ -303,6 +303,16 @@ impl SourceFile {
         Ok(())
     }
 
+    /// `len` bytes from `offset` as the remote tier holds them (one fetched part and where
+    /// they start in it), without a copy; `None` for a local file and for a read across
+    /// parts ([`SourceFile::read_exact_at`] serves those).
+    pub fn read_held(&self, offset: u64, len: usize) -> Result<Option<crate::source::remote::parts::HeldPart>, SourceError> {
+        match &self.inner {
+            Inner::Local(_) => Ok(None),
+            Inner::Remote(o) => o.read_held(offset, len).map_err(SourceError::Remote),
+        }
+    }
+
     /// Fill `buf` from `offset`, failing on a short read or a changed file.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), SourceError> {
         let end = offset.checked_add(buf.len() as u64);

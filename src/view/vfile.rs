@@ -5,8 +5,9 @@
 //! a materialized copy cannot disagree. Each read carries a [`ReadCtx`] (who reads, at what
 //! priority, with direct I/O or not), which it hands down to the chunk producers.
 //! [`VirtualFile::read_held`] is the same read without the copy, for the FUSE adapter: a
-//! request that lies in one literal or computed extent is answered from the bytes held in
-//! memory (the chunk as its producer returned it).
+//! request that lies in one literal or computed extent, or in one fetched part of a remote
+//! source, is answered from the bytes held in memory (the chunk as its producer returned
+//! it, the part as it was fetched).
 
 use std::sync::{Arc, OnceLock};
 
@@ -236,10 +237,11 @@ impl VirtualFile {
     }
 
     /// [`VirtualFile::read_at`] of up to `len` bytes at `offset` without copying them, when
-    /// the read (cut at the end of the file) lies in one literal or computed extent: its
-    /// bytes as held in memory (the literal, or the chunk as its producer returned it, read
-    /// ahead as `read_at` does). `None`, with nothing read, for every other read (empty, at
-    /// or past the end, across extents, of source bytes or zeros): `read_at` serves those.
+    /// the read (cut at the end of the file) lies in one literal or computed extent, or in
+    /// one fetched part of a remote source's extent: its bytes as held in memory (the
+    /// literal, the chunk as its producer returned it, the part; read ahead as `read_at`
+    /// does). `None`, with nothing read, for every other read (empty, at or past the end,
+    /// across extents or parts, of a local source's bytes or zeros): `read_at` serves those.
     pub fn read_held(&self, offset: u64, len: usize, ctx: ReadCtx) -> Result<Option<Held>, ViewError> {
         if offset >= self.size || len == 0 {
             return Ok(None);
@@ -251,18 +253,22 @@ impl VirtualFile {
         if within + want > extent.len() {
             return Ok(None);
         }
-        let (bytes, tier) = match extent {
-            Extent::Bytes(b) => (b.clone(), None),
+        let (bytes, start, tier) = match extent {
+            Extent::Bytes(b) => (HeldBytes::Chunk(b.clone()), within as usize, None),
             Extent::Computed { producer, id, len } => {
                 let chunk = computed(&**producer, *id, *len, ctx)?;
-                (chunk.bytes, Some(chunk.tier))
+                (HeldBytes::Chunk(chunk.bytes), within as usize, Some(chunk.tier))
             }
-            Extent::Source { .. } | Extent::Zeros(_) => return Ok(None),
+            Extent::Source { file, offset: src, .. } => match file.read_held(src + within, want as usize)? {
+                Some((part, from)) => (HeldBytes::Part(part), from, None),
+                None => return Ok(None),
+            },
+            Extent::Zeros(_) => return Ok(None),
         };
         if ctx.reads_ahead() {
             self.read_ahead(idx + 1, ctx);
         }
-        Ok(Some(Held { bytes, start: within as usize, len: want as usize, tier }))
+        Ok(Some(Held { bytes, start, len: want as usize, tier }))
     }
 
     /// The index of the extent holding byte `offset` (< the size).
@@ -296,20 +302,34 @@ fn computed(producer: &dyn ChunkProducer, id: u64, len: u64, ctx: ReadCtx) -> Re
     Ok(chunk)
 }
 
-/// Bytes of a read as held in memory ([`VirtualFile::read_held`]): a range of a literal or
-/// of a computed chunk, kept alive by its reference count while the reply is sent.
+/// Bytes of a read as held in memory ([`VirtualFile::read_held`]): a range of a literal, of
+/// a computed chunk or of a remote source's fetched part, kept alive by its reference count
+/// while the reply is sent.
 #[derive(Debug, Clone)]
 pub struct Held {
-    bytes: Arc<[u8]>,
+    bytes: HeldBytes,
     start: usize,
     len: usize,
-    /// The tier of the chunk; `None` for a literal.
+    /// The tier of the chunk; `None` for a literal and for source bytes.
     tier: Option<Tier>,
+}
+
+/// What a [`Held`] keeps alive.
+#[derive(Debug, Clone)]
+enum HeldBytes {
+    /// A literal or a computed chunk.
+    Chunk(Arc<[u8]>),
+    /// A fetched part of a remote source.
+    Part(Arc<Vec<u8>>),
 }
 
 impl Held {
     pub fn as_slice(&self) -> &[u8] {
-        &self.bytes[self.start..self.start + self.len]
+        let all: &[u8] = match &self.bytes {
+            HeldBytes::Chunk(b) => b,
+            HeldBytes::Part(p) => p,
+        };
+        &all[self.start..self.start + self.len]
     }
 
     /// Its bytes, counted by where they came from.
@@ -321,7 +341,7 @@ impl Held {
 
     /// Whether these are bytes of `chunk` itself (not a copy).
     pub fn is_in(&self, chunk: &Arc<[u8]>) -> bool {
-        Arc::ptr_eq(&self.bytes, chunk)
+        matches!(&self.bytes, HeldBytes::Chunk(b) if Arc::ptr_eq(b, chunk))
     }
 }
 

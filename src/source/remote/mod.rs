@@ -379,6 +379,18 @@ impl RemoteObject {
         parts::read(self.id, &self.fetch, offset, buf)
     }
 
+    /// `len` bytes from `offset` without a copy when they lie in one part: the part and
+    /// where they start in it ([`parts::read_held`]); `None` otherwise, nothing read.
+    pub fn read_held(&self, offset: u64, len: usize) -> Result<Option<parts::HeldPart>, RemoteError> {
+        if offset.checked_add(len as u64).is_none_or(|end| end > self.size()) {
+            return Err(RemoteError::Failed {
+                url: self.url.clone(),
+                cause: format!("read of {len} bytes at {offset} is beyond the end of the object ({})", self.size()),
+            });
+        }
+        parts::read_held(self.id, &self.fetch, offset, len)
+    }
+
     /// The content's sha256 (lowercase hex) where the store states it, asked once (one
     /// request for S3; nothing for the Hub, whose oid came with the pin). A store that cannot
     /// be asked counts as stating nothing (logged): the bytes are hashed instead.

@@ -272,6 +272,20 @@ pub(crate) fn read(object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> 
     parts().read(object, fetch, offset, buf)
 }
 
+/// Bytes held in memory: a fetched part (or the buffer of a read made on its own) and where
+/// the bytes start in it; the part stays alive while held.
+pub type HeldPart = (Arc<Vec<u8>>, usize);
+
+/// The parts holding a read and the index of the first.
+type Located = (Vec<Arc<Vec<u8>>>, u64);
+
+/// [`read`] of `len` bytes at `offset` without copying them, when they lie in one part:
+/// that part and where in it they start (the part stays alive while the caller holds it).
+/// `None`, with nothing read or noted, for an empty read or one across parts.
+pub(crate) fn read_held(object: u128, fetch: &Fetch, offset: u64, len: usize) -> Result<Option<HeldPart>, RemoteError> {
+    parts().read_held(object, fetch, offset, len)
+}
+
 impl Parts {
     fn new(config: PartConfig) -> Parts {
         Parts {
@@ -287,35 +301,46 @@ impl Parts {
     }
 
     fn read(&'static self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+        match self.locate(object, fetch, offset, buf.len())? {
+            Some((held, first)) => copy_out(&held, first, self.config.part_size.max(1), offset, buf),
+            None => self.read_alone(object, fetch, offset, buf)?,
+        }
+        Ok(())
+    }
+
+    fn read_held(&'static self, object: u128, fetch: &Fetch, offset: u64, len: usize) -> Result<Option<HeldPart>, RemoteError> {
+        let ps = self.config.part_size.max(1);
+        if len == 0 || offset / ps != (offset + len as u64 - 1) / ps {
+            return Ok(None);
+        }
+        let from = (offset % ps) as usize;
+        match self.locate(object, fetch, offset, len)? {
+            Some((mut held, _)) => Ok(held.pop().map(|part| (part, from))),
+            None => {
+                let mut bytes = vec![0u8; len];
+                self.read_alone(object, fetch, offset, &mut bytes)?;
+                Ok(Some((Arc::new(bytes), 0)))
+            }
+        }
+    }
+
+    /// The parts holding `[offset, offset + len)` (`len` > 0) and the index of the first,
+    /// fetched or waited for, with the reader's stream noted and its window read ahead.
+    /// `None` for a short read without a stream whose parts are not all held:
+    /// [`Parts::read_alone`] reads those.
+    fn locate(&'static self, object: u128, fetch: &Fetch, offset: u64, len: usize) -> Result<Option<Located>, RemoteError> {
         let p = self;
         let size = fetch.meta.size;
         let ps = p.config.part_size.max(1);
-        let end = offset + buf.len() as u64;
+        let end = offset + len as u64;
         let (first, last) = (offset / ps, (end - 1) / ps);
         let window = p.note_read(object, offset, end);
         // A read of half a part or more goes through parts even without a stream: little is
         // fetched beyond it, and what is fetched is held (and kept on disk) as parts.
-        if window == 0 && (buf.len() as u64) < ps / 2 {
+        if window == 0 && (len as u64) < ps / 2 {
             // No stream: the parts if all are held (in memory, or on disk), else a GET of this
             // range only.
-            if let Some(held) = p.held(object, first, last).or_else(|| p.held_on_disk(object, size, first, last)) {
-                copy_out(&held, first, ps, offset, buf);
-                return Ok(());
-            }
-            // On disk under its exact range: the reads a mount makes (headers, side files)
-            // are the same ranges at every mount, so a restart reads them from disk too.
-            let disk = DISK.get().filter(|_| buf.len() as u64 <= self.config.part_size);
-            if let Some(bytes) = disk.and_then(|d| d.get(object, offset, buf.len())) {
-                self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
-                buf.copy_from_slice(&bytes);
-                return Ok(());
-            }
-            self.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
-            fetch.ns.read(&fetch.key, &fetch.meta, offset, buf)?;
-            if let Some(d) = disk {
-                d.put(object, offset, buf);
-            }
-            return Ok(());
+            return Ok(p.held(object, first, last).or_else(|| p.held_on_disk(object, size, first, last)).map(|h| (h, first)));
         }
         let parts_total = size.div_ceil(ps);
         let ahead_to = (last + 1 + window as u64).min(parts_total);
@@ -326,7 +351,24 @@ impl Parts {
         for index in first..=last {
             held.push(p.part(PartKey { object, index }, fetch, part_len(size, ps, index))?);
         }
-        copy_out(&held, first, ps, offset, buf);
+        Ok(Some((held, first)))
+    }
+
+    /// A short read without a stream, not held as parts: from the disk tier under its exact
+    /// range (the reads a mount makes, headers and side files, are the same ranges at every
+    /// mount, so a restart reads them from disk too), else one GET of this range only.
+    fn read_alone(&self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+        let disk = DISK.get().filter(|_| buf.len() as u64 <= self.config.part_size);
+        if let Some(bytes) = disk.and_then(|d| d.get(object, offset, buf.len())) {
+            self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
+            buf.copy_from_slice(&bytes);
+            return Ok(());
+        }
+        self.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
+        fetch.ns.read(&fetch.key, &fetch.meta, offset, buf)?;
+        if let Some(d) = disk {
+            d.put(object, offset, buf);
+        }
         Ok(())
     }
 }
@@ -752,6 +794,50 @@ mod tests {
         check(p, 1, &fake, &fetch, 0, 4096);
         let gets = fake.gets.lock().clone();
         assert_eq!(gets, vec![(0, 256 << 10), (256 << 10, 512 << 10), (0, 4096)]);
+    }
+
+    #[test]
+    fn reads_within_a_part_are_held_without_a_copy_and_others_are_left_to_read() {
+        let ps = 64 << 10;
+        let p = tier(ps, 64 << 20, 4, 8);
+        let len = 10 * ps as usize + 123;
+        let (fake, fetch) = object(len, 21);
+        let id = 2100;
+        // A short read with no stream yet: its own GET, held as a buffer of its own.
+        let (bytes, from) = p.read_held(id, &fetch, 5 * ps + 7, 100).unwrap().unwrap();
+        assert_eq!(&bytes[from..from + 100], &fake.bytes[5 * ps as usize + 7..][..100]);
+        // Sequential reads in pieces, some straddling parts: those inside one part are, once
+        // the stream is seen, the part's own bytes (the same allocation for every piece of
+        // it); the others None.
+        let (mut at, mut held, mut seen) = (0u64, 0, std::collections::HashMap::new());
+        for step in [4096usize, 30_000, 65_536, 1].iter().cycle() {
+            if at >= len as u64 {
+                break;
+            }
+            let n = (*step).min(len - at as usize);
+            match p.read_held(id, &fetch, at, n).unwrap() {
+                Some((bytes, from)) => {
+                    assert_eq!(at / ps, (at + n as u64 - 1) / ps, "held across parts at {at}+{n}");
+                    assert_eq!(&bytes[from..from + n], &fake.bytes[at as usize..at as usize + n], "bytes {at}+{n}");
+                    if bytes.len() == n {
+                        // Before a stream is seen: a GET of its own.
+                        assert_eq!(from, 0);
+                    } else {
+                        assert_eq!(from as u64, at % ps);
+                        let ptr = Arc::as_ptr(&bytes) as usize;
+                        assert_eq!(*seen.entry(at / ps).or_insert(ptr), ptr, "part {} held twice", at / ps);
+                        held += 1;
+                    }
+                }
+                None => {
+                    assert_ne!(at / ps, (at + n as u64 - 1) / ps, "not held inside one part at {at}+{n}");
+                    check(p, id, &fake, &fetch, at, n);
+                }
+            }
+            at += n as u64;
+        }
+        assert!(held >= 10, "{held}");
+        assert!(p.read_held(id, &fetch, 0, 0).unwrap().is_none(), "empty");
     }
 
     #[test]
