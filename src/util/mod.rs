@@ -1,6 +1,6 @@
-//! Small helpers shared by every layer: hex digests, Python-compatible UTC timestamps, the
-//! value parsers of options ([`args`]) and the progress thread of long commands
-//! ([`ticker`]).
+//! Small helpers shared by every layer: hex digests, Python-compatible UTC timestamps,
+//! fresh buffers whose pages are mapped in one call ([`populate_for_write`]), the value
+//! parsers of options ([`args`]) and the progress thread of long commands ([`ticker`]).
 
 pub mod args;
 pub mod ticker;
