@@ -113,8 +113,8 @@ fn write_at(out: &File, direct: &mut Option<File>, b: &[u8], off: u64, out_path:
 /// [`open_direct`]; else asking the kernel to start writeback of each chunk at once), one
 /// makes the writes durable every [`SYNC_EVERY`] bytes (fdatasync, then `durable(bytes known
 /// written before it)`) without stalling the writer, and one hashes, in order. Buffers
-/// circulate through a small pool, their pages mapped once when made ([`crate::util::populate_for_write`]).
-/// `hasher` must be positioned at `start`.
+/// circulate through a small pool, their pages mapped once when made
+/// ([`crate::util::populate_for_write`]). `hasher` must be positioned at `start`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stream(
     name: &str,

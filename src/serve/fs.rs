@@ -462,8 +462,8 @@ impl Fs {
     /// [`Fs::read`] of up to `len` bytes without copying them, where the view holds them
     /// ([`crate::view::VirtualFile::read_held`]: the request lies in one literal or computed
     /// extent, or in one fetched part of a remote source); counted as `read` counts, and in
-    /// `bytes_held`. `None`, with nothing read or
-    /// counted, for every other request (status files included): `read` serves those.
+    /// `bytes_held`. `None`, with nothing read or counted, for every other request (status
+    /// files included): `read` serves those.
     pub fn read_held(&self, ino: Ino, offset: u64, len: usize, ctx: ReadCtx) -> Result<Option<Held>, FsError> {
         let node = self.tree.get(ino).ok_or(FsError::NoInode(ino))?;
         let NodeKind::File(f) = &node.kind else { return Ok(None) };
