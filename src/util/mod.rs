@@ -5,6 +5,8 @@
 pub mod args;
 pub mod ticker;
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 /// Below this many bytes a buffer's pages are left to fault in one by one.
@@ -35,6 +37,17 @@ pub fn populated_zeroed(len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     let _ = populate_for_write(v.as_mut_ptr(), len);
     v
+}
+
+/// [`populated_zeroed`] as the `Arc<[u8]>` the caches keep (a computed chunk, a chunk read
+/// from the disk tier), filled in place through `Arc::get_mut` before it is shared.
+pub fn populated_zeroed_arc(len: usize) -> Arc<[u8]> {
+    // SAFETY: zeroed bytes are initialised `u8`s.
+    let mut a = unsafe { Arc::<[u8]>::new_zeroed_slice(len).assume_init() };
+    if let Some(bytes) = Arc::get_mut(&mut a) {
+        let _ = populate_for_write(bytes.as_mut_ptr(), len);
+    }
+    a
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -103,22 +116,39 @@ mod tests {
     #[test]
     fn a_populated_buffer_is_written_without_page_faults() {
         let len = 8 << 20;
-        let write = |v: &mut Vec<u8>| {
+        // Fresh mappings of small pages on both sides: the allocator could hand a test a
+        // buffer it has touched before (its mmap threshold moves as other tests free theirs),
+        // and the machine's transparent huge page setting must not matter.
+        let fresh_mapping = || {
+            // SAFETY: a new private anonymous mapping; the advice only changes how it is mapped.
+            unsafe {
+                let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+                assert_ne!(p, libc::MAP_FAILED);
+                libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
+                p.cast::<u8>()
+            }
+        };
+        let write = |p: *mut u8| {
             let before = minor_faults();
-            for b in v.iter_mut().step_by(4096) {
-                // SAFETY: `b` is a valid, exclusive reference (volatile: the write must happen).
-                unsafe { std::ptr::write_volatile(b, 1) };
+            for off in (0..len).step_by(4096) {
+                // SAFETY: `p` is a writable mapping of `len` bytes (volatile: the write must happen).
+                unsafe { std::ptr::write_volatile(p.add(off), 1) };
             }
             minor_faults() - before
         };
-        let mut fresh = vec![0u8; len];
-        let faulted = write(&mut fresh);
-        let mut populated = vec![0u8; len];
-        if !populate_for_write(populated.as_mut_ptr(), len) {
+        let (fresh, populated) = (fresh_mapping(), fresh_mapping());
+        let faulted = write(fresh);
+        let refused = !populate_for_write(populated, len);
+        let after = write(populated);
+        // SAFETY: the mappings made above, unmapped once.
+        unsafe {
+            libc::munmap(fresh.cast(), len);
+            libc::munmap(populated.cast(), len);
+        }
+        if refused {
             eprintln!("this kernel refuses MADV_POPULATE_WRITE; nothing to check");
             return;
         }
-        let after = write(&mut populated);
         assert!(faulted >= 1024, "a fresh buffer faulted only {faulted} times");
         assert!(after <= 4, "a populated buffer faulted {after} times");
     }

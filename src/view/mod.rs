@@ -72,11 +72,8 @@ pub struct BadIndex {
 /// zeroed); they are mapped in one call ([`crate::util::populate_for_write`]) rather than
 /// with one page fault per 4 KiB as `fill` first writes them.
 pub(crate) fn new_chunk<E>(len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Arc<[u8]>, E> {
-    // SAFETY: zeroed bytes are initialised `u8`s.
-    let mut chunk = unsafe { Arc::<[u8]>::new_zeroed_slice(len).assume_init() };
-    let bytes = Arc::get_mut(&mut chunk).expect("a new Arc has no other holder");
-    let _ = crate::util::populate_for_write(bytes.as_mut_ptr(), len);
-    fill(bytes)?;
+    let mut chunk = crate::util::populated_zeroed_arc(len);
+    fill(Arc::get_mut(&mut chunk).expect("a new Arc has no other holder"))?;
     Ok(chunk)
 }
 

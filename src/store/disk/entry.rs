@@ -170,10 +170,8 @@ fn read_entry(file: &File, key: &DiskKey) -> Result<(Arc<[u8]>, SystemTime), Bad
         return Err(Bad::Corrupt(format!("header says {len} payload bytes, the file has {}", size - HEADER_BYTES)));
     }
     let want = u128::from_le_bytes(head[48..64].try_into().unwrap());
-    // SAFETY: zeroed memory is a valid `[u8]`.
-    let mut buf: Arc<[u8]> = unsafe { Arc::<[u8]>::new_zeroed_slice(len as usize).assume_init() };
+    let mut buf = crate::util::populated_zeroed_arc(len as usize);
     let out = Arc::get_mut(&mut buf).expect("fresh allocation");
-    let _ = crate::util::populate_for_write(out.as_mut_ptr(), out.len());
     let mut h = checksum(key, len);
     let mut done = 0usize;
     while done < out.len() {
