@@ -313,6 +313,24 @@ impl SourceFile {
         }
     }
 
+    /// How far ahead of `offset`, where a read just ended, its reader should have the
+    /// file's bytes fetched: the remote tier's window for that reader; 0 for a local file.
+    pub fn ahead_bytes(&self, offset: u64) -> u64 {
+        match &self.inner {
+            Inner::Local(_) => 0,
+            Inner::Remote(o) => o.ahead_bytes(offset),
+        }
+    }
+
+    /// Have `[offset, offset + len)` of a remote file fetched ahead of its reader (nothing
+    /// for a local file); `false` when no more read-ahead can be queued now.
+    pub fn prefetch(&self, offset: u64, len: u64) -> bool {
+        match &self.inner {
+            Inner::Local(_) => true,
+            Inner::Remote(o) => o.prefetch(offset, len),
+        }
+    }
+
     /// Fill `buf` from `offset`, failing on a short read or a changed file.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<(), SourceError> {
         let end = offset.checked_add(buf.len() as u64);

@@ -208,6 +208,17 @@ impl VirtualFile {
         let want = (buf.len() as u64).min(self.size - offset) as usize;
         let mut idx = self.extent_at(offset);
         let mut done = 0usize;
+        // A read that waits for remote bytes has what follows fetched first, as far as the
+        // reader's window already reaches: the reads the kernel sends side by side each
+        // wait for their own bytes, not for each other's read-ahead.
+        if ctx.reads_ahead()
+            && let (start, Extent::Source { file, offset: src, .. }) = &self.extents[idx]
+            && file.is_remote()
+        {
+            self.remote_ahead(idx + 1, (file, src + (offset - start)));
+        }
+        // The last source extent read, and where in its file the read ended.
+        let mut source_end = None;
         while done < want {
             let (start, extent) = &self.extents[idx];
             let pos = offset + done as u64;
@@ -218,8 +229,14 @@ impl VirtualFile {
             match extent {
                 Extent::Bytes(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
                 Extent::Zeros(_) => out.fill(0),
-                Extent::Source { file, offset: src, .. } if ctx.direct => file.read_exact_at_direct(out, src + within)?,
-                Extent::Source { file, offset: src, .. } => file.read_exact_at(out, src + within)?,
+                Extent::Source { file, offset: src, .. } => {
+                    if ctx.direct {
+                        file.read_exact_at_direct(out, src + within)?;
+                    } else {
+                        file.read_exact_at(out, src + within)?;
+                    }
+                    source_end = Some((file, src + within + n as u64));
+                }
                 Extent::Computed { producer, id, len } => {
                     let chunk = computed(&**producer, *id, *len, ctx)?;
                     out.copy_from_slice(&chunk.bytes[within as usize..within as usize + n]);
@@ -231,7 +248,7 @@ impl VirtualFile {
             idx += 1;
         }
         if ctx.reads_ahead() {
-            self.read_ahead(idx, ctx);
+            self.read_ahead(idx, ctx, source_end);
         }
         Ok(tally)
     }
@@ -253,20 +270,29 @@ impl VirtualFile {
         if within + want > extent.len() {
             return Ok(None);
         }
+        let mut source_end = None;
         let (bytes, start, tier) = match extent {
             Extent::Bytes(b) => (HeldBytes::Chunk(b.clone()), within as usize, None),
             Extent::Computed { producer, id, len } => {
                 let chunk = computed(&**producer, *id, *len, ctx)?;
                 (HeldBytes::Chunk(chunk.bytes), within as usize, Some(chunk.tier))
             }
-            Extent::Source { file, offset: src, .. } => match file.read_held(src + within, want as usize)? {
-                Some((part, from)) => (HeldBytes::Part(part), from, None),
-                None => return Ok(None),
-            },
+            Extent::Source { file, offset: src, .. } => {
+                if ctx.reads_ahead() && file.is_remote() {
+                    self.remote_ahead(idx + 1, (file, src + within));
+                }
+                match file.read_held(src + within, want as usize)? {
+                    Some((part, from)) => {
+                        source_end = Some((file, src + within + want));
+                        (HeldBytes::Part(part), from, None)
+                    }
+                    None => return Ok(None),
+                }
+            }
             Extent::Zeros(_) => return Ok(None),
         };
         if ctx.reads_ahead() {
-            self.read_ahead(idx + 1, ctx);
+            self.read_ahead(idx + 1, ctx, source_end);
         }
         Ok(Some(Held { bytes, start, len: want as usize, tier }))
     }
@@ -277,8 +303,13 @@ impl VirtualFile {
     }
 
     /// Prefetch the computed extents from `idx` on that start within [`READ_AHEAD_BYTES`] of
-    /// extent `idx` and are not in memory, for a reader in `ctx`.
-    fn read_ahead(&self, idx: usize, ctx: ReadCtx) {
+    /// extent `idx` and are not in memory, for a reader in `ctx`. After a read of a remote
+    /// source (`source_end`: its file, and where in it the read ended), also have the remote
+    /// source bytes of the extents ahead fetched, in the order this file needs them, as far
+    /// ahead as the remote tier's window for that reader ([`SourceFile::ahead_bytes`]): a
+    /// view's extents jump between runs of the object (the pack's gate, up and down
+    /// slices), which the object's own sequential windows do not follow.
+    fn read_ahead(&self, idx: usize, ctx: ReadCtx, source_end: Option<(&Arc<SourceFile>, u64)>) {
         let Some((first, _)) = self.extents.get(idx) else { return };
         for (start, extent) in &self.extents[idx..] {
             if start - first >= READ_AHEAD_BYTES {
@@ -288,6 +319,29 @@ impl VirtualFile {
                 && !producer.ready(*id)
             {
                 producer.prefetch(*id, ctx);
+            }
+        }
+        if let Some(at) = source_end {
+            self.remote_ahead(idx, at);
+        }
+    }
+
+    /// Have the remote source bytes of the extents from `idx` on fetched ahead of a reader
+    /// of remote file `at.0` that is at `at.1` in it, as far as the remote tier's window
+    /// for that reader reaches ([`SourceFile::ahead_bytes`]), in the order this file needs
+    /// them.
+    fn remote_ahead(&self, idx: usize, (file, at): (&Arc<SourceFile>, u64)) {
+        let Some((first, _)) = self.extents.get(idx) else { return };
+        let ahead = file.ahead_bytes(at);
+        for (start, extent) in &self.extents[idx..] {
+            if start - first >= ahead {
+                break;
+            }
+            if let Extent::Source { file, offset, len } = extent
+                && file.is_remote()
+                && !file.prefetch(*offset, *len)
+            {
+                break;
             }
         }
     }

@@ -391,6 +391,18 @@ impl RemoteObject {
         parts::read_held(self.id, &self.fetch, offset, len)
     }
 
+    /// How far ahead of `offset`, where a read just ended, its reader should have bytes
+    /// fetched ([`parts::ahead_bytes`]).
+    pub fn ahead_bytes(&self, offset: u64) -> u64 {
+        parts::ahead_bytes(self.id, offset)
+    }
+
+    /// Have `[offset, offset + len)` fetched ahead ([`parts::prefetch`]); `false` when the
+    /// read-ahead queue is full.
+    pub fn prefetch(&self, offset: u64, len: u64) -> bool {
+        parts::prefetch(self.id, &self.fetch, offset, len)
+    }
+
     /// The content's sha256 (lowercase hex) where the store states it, asked once (one
     /// request for S3; nothing for the Hub, whose oid came with the pin). A store that cannot
     /// be asked counts as stating nothing (logged): the bytes are hashed instead.

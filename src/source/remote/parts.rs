@@ -8,13 +8,21 @@
 //! stream's last read ended (up to 1 MiB back, up to 16 MiB forward: the kernel's readahead
 //! and parallel FUSE requests reorder and skip; forward also up to the stream's window,
 //! so a reader that moves through the object in jumps, file after file of a view, keeps
-//! its window) continues that stream, and each part it moves into doubles its window (up
-//! to the configured maximum). A stream with a window
+//! its window) continues the nearest such stream. A stream that has read 1 MiB in sequence
+//! gets a window of 4 parts, doubled for every further MiB it moves forward (up to the
+//! configured maximum, 32 parts): a part arrives whole, so a window grown per part would
+//! grow one round trip at a time. A stream with a window
 //! reads whole parts and has the next `window` parts fetched ahead, by a pool of fetch
-//! threads (`remote_concurrency`), so that many GETs are in flight at once. A read that
+//! threads (`remote_concurrency`), so that many GETs are in flight at once; the window is
+//! twice the threads by default, so the queue still holds work when the GETs in flight,
+//! sharing the link, end together. A read that
 //! continues no stream starts a new one with no window and, if it is shorter than half a
 //! part, is served by a GET of exactly its range (a header, a random read: no part is
 //! fetched for it), unless its parts are already held; a longer one reads whole parts.
+//! A reader of a view follows the view's extents, not the object's order (the expert pack
+//! interleaves runs of three tensors): the view asks for the parts its next extents need,
+//! as far ahead as the reader's window ([`ahead_bytes`], [`prefetch`]), in the order it
+//! will read them.
 //!
 //! Memory: parts held (fetched or being fetched) count against the budget
 //! (`remote_memory_mb`). Read-ahead is admitted only while the budget has room, after
@@ -56,7 +64,7 @@ pub struct PartConfig {
 
 impl Default for PartConfig {
     fn default() -> Self {
-        PartConfig { part_size: 8 << 20, memory_budget: default_memory_budget(), concurrency: 16, max_window: 16 }
+        PartConfig { part_size: 8 << 20, memory_budget: default_memory_budget(), concurrency: 16, max_window: 32 }
     }
 }
 
@@ -286,6 +294,20 @@ pub(crate) fn read_held(object: u128, fetch: &Fetch, offset: u64, len: usize) ->
     parts().read_held(object, fetch, offset, len)
 }
 
+/// How far ahead of `offset` a reader that just read up to there should have the object's
+/// parts fetched, in bytes: the window of the stream that read continued (0 when it
+/// continued none with a window: the reader has not shown it reads in sequence).
+pub(crate) fn ahead_bytes(object: u128, offset: u64) -> u64 {
+    parts().ahead_bytes(object, offset)
+}
+
+/// Have the parts holding `[offset, offset + len)` fetched ahead, after what is queued,
+/// unless held, being fetched or queued already. `false` when the read-ahead queue is full
+/// (the rest is left to the readers' own windows).
+pub(crate) fn prefetch(object: u128, fetch: &Fetch, offset: u64, len: u64) -> bool {
+    parts().prefetch(object, fetch, offset, len)
+}
+
 impl Parts {
     fn new(config: PartConfig) -> Parts {
         Parts {
@@ -404,14 +426,20 @@ impl Parts {
         // (the files of a view, each a run of the object's tensors) keeps its window
         // instead of starting over at every file.
         let continues = |s: &Stream| offset + BACK_TOLERANCE >= s.next && offset <= s.next + FORWARD_TOLERANCE.max(s.window as u64 * ps);
-        if let Some(s) = streams.iter_mut().find(|s| continues(s)) {
+        // The nearest stream it continues: a reader of several runs side by side (the pack's
+        // gate, up and down slices) is one stream per run, not one run taken over by another
+        // run's read that lies within its window.
+        if let Some(s) = streams.iter_mut().filter(|s| continues(s)).min_by_key(|s| offset.abs_diff(s.next)) {
             if end > s.next {
                 if s.window == 0 {
                     if end - s.start >= RUN_BEFORE_WINDOW {
-                        s.window = 1;
+                        s.window = 4.min(self.config.max_window.max(1));
                     }
-                } else if end.div_ceil(ps) > s.next.div_ceil(ps) {
-                    s.window = (s.window * 2).min(self.config.max_window.max(1));
+                } else {
+                    // Doubled for every MiB the stream moves forward (not every part: a part
+                    // arrives whole, so a window grown per part grows one round trip at a time).
+                    let steps = end.div_ceil(RUN_BEFORE_WINDOW).saturating_sub(s.next.div_ceil(RUN_BEFORE_WINDOW)).min(16) as u32;
+                    s.window = s.window.saturating_mul(1 << steps).min(self.config.max_window.max(1));
                 }
                 s.next = end;
             }
@@ -601,13 +629,14 @@ impl Parts {
     /// time in a cold sequential read over S3. `None`: fresh memory it is.
     fn recycle(&self, st: &mut State, len: u64) -> Option<Vec<u8>> {
         let ps = self.config.part_size.max(1);
-        // Per object, where its slowest live stream with a window is (streams without a
-        // window are headers and random reads, and a stream that has not read for
-        // STREAM_IDLE has stopped: they protect nothing).
+        // Per object, where its slowest live stream is (a stream that has not read for
+        // STREAM_IDLE has stopped and protects nothing; one without a window yet may be a
+        // run of a view's reader that waits behind another run, the pack's gate slices
+        // behind its up and down slices, and still needs the parts it is in).
         let now = std::time::Instant::now();
         let mut slowest: HashMap<u128, u64> = HashMap::new();
         for (object, streams) in &st.streams {
-            let live = streams.iter().filter(|s| s.window > 0 && now.duration_since(s.at) < STREAM_IDLE);
+            let live = streams.iter().filter(|s| now.duration_since(s.at) < STREAM_IDLE);
             if let Some(low) = live.map(|s| s.next).min() {
                 slowest.insert(*object, low);
             }
@@ -638,19 +667,66 @@ impl Parts {
     /// Queue a part for read-ahead (unless held, being fetched, or queued).
     fn queue(&'static self, key: PartKey, fetch: &Fetch) {
         let mut st = self.state.lock();
-        if st.slots.contains_key(&key) || st.queued.contains(&key) {
-            return;
+        let queued = self.enqueue(&mut st, key, fetch);
+        drop(st);
+        if queued == Some(true) {
+            self.workers.get_or_init(|| self.start_workers());
+            self.work.notify_one();
         }
-        // A bounded queue: read-ahead beyond it is asked for again by the next read.
+    }
+
+    /// Put a part in the read-ahead queue: `Some(true)` queued now, `Some(false)` held,
+    /// being fetched or queued already, `None` the queue is full (read-ahead beyond it is
+    /// asked for again by the next read).
+    fn enqueue(&self, st: &mut State, key: PartKey, fetch: &Fetch) -> Option<bool> {
+        if st.slots.contains_key(&key) || st.queued.contains(&key) {
+            return Some(false);
+        }
         if st.queue.len() >= 4 * self.config.concurrency.max(1) {
             self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         st.queued.insert(key);
         st.queue.push_back(Job { key, object: fetch.clone() });
+        Some(true)
+    }
+
+    fn prefetch(&'static self, object: u128, fetch: &Fetch, offset: u64, len: u64) -> bool {
+        let ps = self.config.part_size.max(1);
+        let end = offset.saturating_add(len).min(fetch.meta.size);
+        if offset >= end {
+            return true;
+        }
+        let mut st = self.state.lock();
+        let (mut added, mut room) = (0usize, true);
+        for index in offset / ps..=(end - 1) / ps {
+            match self.enqueue(&mut st, PartKey { object, index }, fetch) {
+                Some(true) => added += 1,
+                Some(false) => {}
+                None => {
+                    room = false;
+                    break;
+                }
+            }
+        }
         drop(st);
-        self.workers.get_or_init(|| self.start_workers());
-        self.work.notify_one();
+        if added > 0 {
+            self.workers.get_or_init(|| self.start_workers());
+            for _ in 0..added {
+                self.work.notify_one();
+            }
+        }
+        room
+    }
+
+    fn ahead_bytes(&self, object: u128, offset: u64) -> u64 {
+        let st = self.state.lock();
+        let Some(streams) = st.streams.get(&object) else { return 0 };
+        streams
+            .iter()
+            .filter(|s| s.next.abs_diff(offset) <= FORWARD_TOLERANCE)
+            .min_by_key(|s| s.next.abs_diff(offset))
+            .map_or(0, |s| u64::from(s.window) * self.config.part_size)
     }
 
     fn start_workers(&'static self) {
@@ -862,6 +938,110 @@ mod tests {
         offsets.sort();
         offsets.dedup();
         assert_eq!(offsets.len(), n, "a part was fetched twice");
+    }
+
+    /// No part fetched twice: full-part GETs at distinct offsets.
+    fn fetched_once(fake: &Fake, ps: u64) {
+        let gets = fake.gets.lock();
+        let mut offsets: Vec<u64> = gets.iter().filter(|(_, n)| *n as u64 == ps).map(|(o, _)| *o).collect();
+        let n = offsets.len();
+        offsets.sort();
+        offsets.dedup();
+        assert_eq!(offsets.len(), n, "a part was fetched twice: {gets:?}");
+    }
+
+    #[test]
+    fn runs_read_side_by_side_are_streams_of_their_own_and_keep_their_parts() {
+        // The expert pack's reader: slice i of three tensors (runs) in turn, each slice in
+        // reads of 64 KiB; the runs further apart than the forward tolerance, closer than a
+        // window reaches. A read of a run ahead within another run's window must not take
+        // over that run's stream (the run left behind would start over without a window, and
+        // its parts would be recycled under it and fetched again).
+        let ps = 1u64 << 20;
+        let p = tier(ps, 256 << 20, 4, 32);
+        let (slice, slices) = (600u64 << 10, 32u64);
+        let run = slice * slices;
+        let len = 3 * run + ps;
+        let (fake, fetch) = object(len as usize, 41);
+        let chunk = 64u64 << 10;
+        for i in 0..slices {
+            for r in 0..3 {
+                let start = ps / 2 + r * run + i * slice;
+                for at in (start..start + slice).step_by(chunk as usize) {
+                    check(p, 51, &fake, &fetch, at, chunk.min(start + slice - at) as usize);
+                }
+            }
+        }
+        let snap = p.snapshot();
+        assert_eq!(snap.window_resets, 0, "{snap:?}");
+        fetched_once(&fake, ps);
+        let streams: Vec<(u64, u32)> = p.state.lock().streams[&51].iter().map(|s| (s.start, s.window)).collect();
+        assert_eq!(streams.len(), 3, "one stream per run: {streams:?}");
+    }
+
+    #[test]
+    fn a_reader_without_a_window_yet_keeps_the_part_it_is_in() {
+        // A run of a view's reader that waits behind the others has no window yet; the
+        // parts it is in are not recycled for another stream's new parts.
+        let ps = 1u64 << 20;
+        let p = tier(ps, 256 << 20, 4, 8);
+        let (fake, fetch) = object((48 * ps) as usize, 43);
+        check(p, 53, &fake, &fetch, 0, (ps * 6 / 10) as usize);
+        for at in (20 * ps..44 * ps).step_by(256 << 10) {
+            check(p, 53, &fake, &fetch, at, 256 << 10);
+        }
+        check(p, 53, &fake, &fetch, ps * 6 / 10, (ps / 4) as usize);
+        let part0 = fake.gets.lock().iter().filter(|(o, _)| *o < ps).count();
+        assert_eq!(part0, 1, "part 0 read from the network again: {:?}", p.snapshot());
+    }
+
+    #[test]
+    fn a_window_starts_at_four_parts_after_a_mib_and_doubles_per_mib() {
+        let ps = 8u64 << 20;
+        let p = tier(ps, 1 << 30, 4, 32);
+        let mib = 1u64 << 20;
+        let mut windows = Vec::new();
+        for i in 0..7 {
+            windows.push(p.note_read(61, 100 + i * mib, 100 + (i + 1) * mib));
+        }
+        assert_eq!(windows, [0, 4, 8, 16, 32, 32, 32]);
+        assert_eq!(p.ahead_bytes(61, 100 + 7 * mib), 32 * ps);
+        // A reader elsewhere in the object has no window yet.
+        assert_eq!(p.ahead_bytes(61, 500 * mib), 0);
+        assert_eq!(p.note_read(61, 500 * mib, 500 * mib + 4096), 0);
+    }
+
+    #[test]
+    fn parts_asked_for_ahead_are_fetched_in_that_order_and_the_queue_stays_bounded() {
+        let ps = 64u64 << 10;
+        // One fetch thread: the GETs happen in the order the parts were queued.
+        let p = tier(ps, 64 << 20, 1, 8);
+        let (fake, fetch) = slow_object((40 * ps) as usize, 71, std::time::Duration::from_millis(2));
+        // A view's order: runs of the object out of its own order.
+        let wait_for = |n: usize| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while fake.gets.lock().len() < n && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        assert!(p.prefetch(81, &fetch, 20 * ps + 5, 2 * ps - 10));
+        // (The queue holds 4: the first GET is under way before the rest is asked for.)
+        wait_for(1);
+        for (first, n) in [(3u64, 2u64), (30, 1)] {
+            assert!(p.prefetch(81, &fetch, first * ps + 5, n * ps - 10));
+        }
+        wait_for(5);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let got: Vec<u64> = fake.gets.lock().iter().map(|(o, _)| o / ps).collect();
+        assert_eq!(got, [20, 21, 3, 4, 30]);
+        // Asked again: held now, nothing fetched twice; then read from memory.
+        assert!(p.prefetch(81, &fetch, 20 * ps, 2 * ps));
+        check(p, 81, &fake, &fetch, 20 * ps, (2 * ps) as usize);
+        assert_eq!(fake.gets.lock().len(), 5);
+        // More than the queue holds (4 per fetch thread): refused past it, not grown.
+        let (_, slow) = slow_object((400 * ps) as usize, 72, std::time::Duration::from_millis(50));
+        assert!(!p.prefetch(82, &slow, 0, 400 * ps));
+        assert!(p.state.lock().queue.len() <= 4);
     }
 
     #[test]
