@@ -389,6 +389,7 @@ class ServerBytes:
 
 def find_mount_s3(a) -> tuple[str | None, str]:
     """(binary, its version) or (None, why not)."""
+    sys.path.insert(0, str(REPO / "tools"))  # install_mount_s3.py sits in tools/, not tools/bench/
     import install_mount_s3
 
     root = Path(a.mount_s3_root)
