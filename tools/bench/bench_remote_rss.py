@@ -138,7 +138,10 @@ def main() -> int:
                             bad.append(str(served))
                             return
 
+            # The daemon's page cache is dropped; the server's files are read back in, as bench_remote.py does, so
+            # the time is the network path's, not 64 cold files read from this disk at once by the server.
             br.drop_caches()
+            br.warm([data / TREE_BUCKET / q.relative_to(tree) for q in chosen])
             t0 = time.perf_counter()
             threads = [threading.Thread(target=read, args=(q,)) for q in chosen]
             for t in threads:
