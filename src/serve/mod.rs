@@ -118,6 +118,10 @@ fn mount_device(mountpoint: &Path) -> Option<String> {
 /// page cache ([`Fs::is_source_copy`]).
 const SOURCE_COPIES_READ_AHEAD_REQUESTS: u32 = 8;
 
+/// The kernel's readahead requests in flight (`max_background`) for mounts of remote files,
+/// unless set: fuser's 16 left most of 64 concurrent readers waiting for a slot.
+const REMOTE_MAX_BACKGROUND: u16 = 64;
+
 /// Set the mount's readahead through its backing-device entry in sysfs.
 /// (Writing it needs root.) Whether it was set.
 fn set_read_ahead(mountpoint: &Path, kb: u32) -> bool {
@@ -200,6 +204,7 @@ pub fn mount(
         libc::malloc_trim(0);
     }
     let has_computed = fs.has_computed();
+    let remote = fs.reads_remote();
     // Copies of source bytes are kept in the mount's page cache with direct_io=off, and
     // with auto once the mount's readahead is set below (or the kernel cannot mmap direct-io
     // files, see `FuseAdapter::init`).
@@ -208,7 +213,10 @@ pub fn mount(
         cache_copies: cache_copies.clone(),
         fs: fs.clone(),
         max_read: opts.max_read,
-        max_background: opts.max_background,
+        // Remote files: more of the kernel's readahead requests in flight, so that 64 readers'
+        // requests wait on the network together (64 readers of a remote INT8 tree: 1.2-1.4x
+        // faster than with fuser's 16).
+        max_background: opts.max_background.or(remote.then_some(REMOTE_MAX_BACKGROUND)),
         direct_io: opts.direct_io.forced(),
         source_io: opts.source_io.0,
         direct_pool: pools::read_pool("dio", opts.direct_threads).map_err(MountError::Threads)?,
@@ -217,7 +225,10 @@ pub fn mount(
         passthrough,
         passthrough_files,
         mount_path: mount_path.clone(),
-        waiting: if has_computed { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
+        // Reads that may wait (for a chunk, or for the network) are handed to a pool when they
+        // would: 64 readers of a remote INT8 tree through the two FUSE workers alone fetched
+        // two parts at a time.
+        waiting: if fs.may_wait() { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
     };
 
     let mut config = Config::default();
@@ -263,7 +274,9 @@ pub fn mount(
     let read_ahead = opts.read_ahead_kb.or_else(|| {
         let requests = if copies {
             SOURCE_COPIES_READ_AHEAD_REQUESTS
-        } else if has_computed {
+        } else if has_computed || remote {
+            // Whole remote files: one request ahead, as large as a read (the kernel's 128 KiB
+            // made eight requests per MiB, each a trip through the parts tier).
             1
         } else {
             return None;

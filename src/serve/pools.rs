@@ -1,13 +1,14 @@
 //! The read pools: plain threads that serve reads the FUSE workers hand over, so a worker
 //! goes back for the next request instead of holding its thread on the device (reads of
 //! direct handles: clients' `O_DIRECT` ones, and the readahead of packs kept in the mount's
-//! page cache) or on a chunk being loaded or computed (reads that would wait).
+//! page cache) or on a chunk being loaded or computed, or on a remote source's part being
+//! fetched (reads that would wait).
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// Threads that serve reads waiting for chunks: one per read the kernel may keep in flight
+/// Threads that serve reads waiting for chunks or the network: one per read the kernel may keep in flight
 /// (up to 16 readahead requests by default, plus the clients' own reads).
 pub const WAITING_THREADS: usize = 32;
 

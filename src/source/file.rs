@@ -322,6 +322,15 @@ impl SourceFile {
         }
     }
 
+    /// Whether `[offset, offset + len)` is read without waiting for the network: always for a
+    /// local file; for a remote one, when the parts holding it are in memory.
+    pub fn resident(&self, offset: u64, len: u64) -> bool {
+        match &self.inner {
+            Inner::Local(_) => true,
+            Inner::Remote(o) => o.resident(offset, len),
+        }
+    }
+
     /// Have `[offset, offset + len)` of a remote file fetched ahead of its reader (nothing
     /// for a local file); `false` when no more read-ahead can be queued now.
     pub fn prefetch(&self, offset: u64, len: u64) -> bool {

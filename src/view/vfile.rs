@@ -142,6 +142,8 @@ pub struct VirtualFile {
     computed: bool,
     /// Whether any extent is source bytes (kept likewise).
     source: bool,
+    /// Whether any extent is bytes of a remote source (kept likewise).
+    remote: bool,
     /// Built from digests of other files (manifests, [`super::derived`]): materialize writes
     /// it after them.
     derived: bool,
@@ -173,6 +175,7 @@ impl VirtualFile {
         }
         self.computed |= matches!(extent, Extent::Computed { .. });
         self.source |= matches!(extent, Extent::Source { .. });
+        self.remote |= matches!(&extent, Extent::Source { file, .. } if file.is_remote());
         if let (Extent::Zeros(more), Some((_, Extent::Zeros(run)))) = (&extent, self.extents.last_mut()) {
             *run += more;
         } else {
@@ -460,17 +463,27 @@ impl VirtualFile {
     }
 
     /// Whether `len` bytes at `offset` are served without waiting for a chunk to be loaded
-    /// or computed (literal, zero and source bytes, chunks in memory).
+    /// or computed, or for the network (literal and zero bytes, local source bytes, remote
+    /// source bytes whose parts are in memory, chunks in memory).
     pub fn ready(&self, offset: u64, len: u64) -> bool {
-        if offset >= self.size || len == 0 {
+        if offset >= self.size || len == 0 || !(self.computed || self.remote) {
             return true;
         }
         let end = offset.saturating_add(len).min(self.size);
         let first = self.extents.partition_point(|(start, _)| *start <= offset) - 1;
-        self.extents[first..].iter().take_while(|(start, _)| *start < end).all(|(_, e)| match e {
+        self.extents[first..].iter().take_while(|(start, _)| *start < end).all(|(start, e)| match e {
             Extent::Computed { producer, id, .. } => producer.ready(*id),
+            Extent::Source { file, offset: src, len } => {
+                let from = offset.max(*start) - start;
+                file.resident(src + from, (end - start).min(*len) - from)
+            }
             _ => true,
         })
+    }
+
+    /// Whether any extent is bytes of a remote source (reads may wait for the network).
+    pub fn reads_remote(&self) -> bool {
+        self.remote
     }
 
     /// Whether this file is built from digests of other files (see [`VirtualFile::lazy`]).

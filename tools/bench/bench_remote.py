@@ -212,22 +212,35 @@ def ranges(size: int, part: int) -> list[tuple[int, int]]:
     return [(o, min(o + part, size) - 1) for o in range(0, size, part)]
 
 
+def round_robin(objects: list[tuple[str, int]], part: int) -> list[tuple[str, int, int]]:
+    per = [[(key, a, b) for a, b in ranges(size, part)] for key, size in objects]
+    return [r[i] for i in range(max((len(r) for r in per), default=0)) for r in per if i < len(r)]
+
+
 def curl_download(endpoint: str, key: str, size: int, part: int, parallel: int, tmp: Path) -> float:
+    return curl_download_many(endpoint, BUCKET, [(key, size)], part, parallel, tmp)
+
+
+def curl_download_many(endpoint: str, bucket: str, objects: list[tuple[str, int]], part: int, parallel: int,
+                       tmp: Path) -> float:
+    """Every object in `part`-byte ranges, `parallel` at once, bodies discarded. The ranges go round the objects
+    (every object's first range, then every object's second, ...): with as many objects as `parallel`, one
+    range of each object at a time, as that many readers of one object each would have."""
     cfg = tmp / f"curl-{parallel}.cfg"
-    url = f"{endpoint}/{BUCKET}/{key}"
     # One operation per range (`next`): curl's --range is per operation, not per URL. s3s (like S3) wants
     # x-amz-content-sha256, which curl 7.88's --aws-sigv4 does not add by itself (it signs it when given).
     with open(cfg, "w") as f:
         f.write("\nnext\n".join(
-            f'url = "{url}"\nrange = "{a}-{b}"\noutput = "/dev/null"\naws-sigv4 = "aws:amz:{REGION}:s3"\n'
+            f'url = "{endpoint}/{bucket}/{key}"\nrange = "{a}-{b}"\noutput = "/dev/null"\naws-sigv4 = "aws:amz:{REGION}:s3"\n'
             f'user = "{KEY_ID}:{SECRET}"\nheader = "x-amz-content-sha256: UNSIGNED-PAYLOAD"\n'
             f'fail\nsilent\nshow-error\nwrite-out = "%{{size_download}}\\n"\n'
-            for a, b in ranges(size, part)))
+            for key, a, b in round_robin(objects, part)))
     cmd = ["curl", "--parallel", "--parallel-max", str(parallel), "-K", str(cfg)]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     dt = time.perf_counter() - t0
     got = sum(int(x) for x in r.stdout.split())
+    size = sum(s for _, s in objects)
     if r.returncode != 0 or got != size:
         raise SystemExit(f"curl --parallel {parallel}: exit {r.returncode}, {got} of {size} bytes: {r.stderr[-500:]}")
     return dt

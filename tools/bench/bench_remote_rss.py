@@ -7,7 +7,9 @@ of 16 MiB (random bytes, sha256 in the manifest) plus their scale files, uploads
 of a bucket of its own, mounts `s3://int8/` (an INT8 tree mount: every file is one object, served whole) with
 `-o remote_memory_mb=M,remote_part_mb=P`, and reads 64 of the quant files at once, one thread each, 1 MiB per read,
 while sampling the daemon's VmRSS every 10 ms. Checks the bytes against the local files and reports the peak
-RSS (and VmHWM) against the target `remote_memory_mb + 128 MiB`, with the parts tier's counters.
+RSS (and VmHWM) against the target `remote_memory_mb + 128 MiB`, with the parts tier's counters (the mount has
+`stats=on`), and the time against curl downloading the same objects from the same server, as many ranged GETs
+at once as there are readers, in ranges of the part size.
 
     sudo python3 tools/bench/bench_remote_rss.py [--memory-mb 128] [--part-mb 2] [--readers 64] [--json out.json]
 """
@@ -88,6 +90,7 @@ def main() -> int:
     ap.add_argument("--s3s-fs", default=None)
     ap.add_argument("--s3s-target", default=str(Path(tempfile.gettempdir()) / "s3s-target"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--opts", default="", help="more mount options (comma-separated), e.g. max_background=64")
     a = ap.parse_args()
     signal.signal(signal.SIGINT, br._on_signal)
     signal.signal(signal.SIGTERM, br._on_signal)
@@ -107,7 +110,8 @@ def main() -> int:
                     br.upload(s3, f, f.relative_to(tree).as_posix(), TREE_BUCKET)
             mnt = tmp / "mnt"
             env = br.xenv(tmp / "digests")
-            opts = f"endpoint={endpoint},remote_memory_mb={a.memory_mb},remote_part_mb={a.part_mb}"
+            # stats=on: an INT8 tree's root holds nothing else by default; the counters are wanted here.
+            opts = f"endpoint={endpoint},remote_memory_mb={a.memory_mb},remote_part_mb={a.part_mb},stats=on" + (f",{a.opts}" if a.opts else "")
             br.mount(a, f"s3://{TREE_BUCKET}/", mnt, opts, env)
             pid = daemon_pid(mnt)
             rss_before = status_kib(pid, "VmRSS")
@@ -155,12 +159,17 @@ def main() -> int:
             remote = br.stats_remote(mnt)
             br.unmount(mnt)
             read_bytes = sum(q.stat().st_size for q in chosen)
+            # The baseline: the same objects downloaded by curl, as many ranged GETs at once as there are readers, in
+            # ranges of the part size (one range of each object at a time), the server's files still warm.
+            objs = [(q.relative_to(tree).as_posix(), q.stat().st_size) for q in chosen]
+            curl_s = br.curl_download_many(endpoint, TREE_BUCKET, objs, a.part_mb * MIB, len(chosen), tmp)
             target_kib = (a.memory_mb + 128) * 1024
             out = {"readers": len(chosen), "objects_bytes": read_bytes, "seconds": seconds, "memory_mb": a.memory_mb,
                    "part_mb": a.part_mb, "rss_before_mib": rss_before / 1024, "rss_peak_mib": peak[0] / 1024,
                    "vm_hwm_mib": hwm / 1024, "target_mib": target_kib / 1024, "met": hwm <= target_kib, "wrong_files": bad,
-                   "remote": remote}
-            print(f"{len(chosen)} handles x {read_bytes // len(chosen) // MIB} MiB objects in {seconds:.2f} s: daemon RSS "
+                   "curl_seconds": curl_s, "vs_curl": curl_s / seconds, "remote": remote}
+            print(f"{len(chosen)} handles x {read_bytes // len(chosen) // MIB} MiB objects in {seconds:.2f} s "
+                  f"(curl --parallel {len(chosen)} in {a.part_mb} MiB ranges: {curl_s:.2f} s, {curl_s / seconds:.2f}x): daemon RSS "
                   f"before {rss_before / 1024:.0f} MiB, peak {peak[0] / 1024:.0f} MiB (VmHWM {hwm / 1024:.0f} MiB); "
                   f"target remote_memory_mb {a.memory_mb} + 128 = {target_kib / 1024:.0f} MiB: "
                   f"{'met' if out['met'] else 'MISSED'}; parts: {json.dumps(remote.get('parts', {}))}")

@@ -397,6 +397,11 @@ impl RemoteObject {
         parts::ahead_bytes(self.id, offset)
     }
 
+    /// Whether the parts holding `[offset, offset + len)` are in memory ([`parts::resident`]).
+    pub fn resident(&self, offset: u64, len: u64) -> bool {
+        parts::resident(self.id, self.fetch.meta.size, offset, len)
+    }
+
     /// Have `[offset, offset + len)` fetched ahead ([`parts::prefetch`]); `false` when the
     /// read-ahead queue is full.
     pub fn prefetch(&self, offset: u64, len: u64) -> bool {

@@ -25,12 +25,17 @@
 //! will read them.
 //!
 //! Memory: parts held (fetched or being fetched) count against the budget
-//! (`remote_memory_mb`). Read-ahead is admitted only while the budget has room, after
-//! evicting parts readers are done with (least recently used first); parts fetched ahead
+//! (`remote_memory_mb`), which every stream shares: a stream reads ahead at most its share
+//! (the budget in parts over the live streams, less one), and read-ahead is admitted only
+//! while the budget keeps a part free per live stream for readers' own parts, after
+//! evicting parts readers are done with (least recently used first). Parts fetched ahead
 //! and not yet read are not evicted for more read-ahead, so a reader that stops mid-file
-//! holds at most its window until readers' parts push it out. A reader's own part evicts
-//! what it must; when the budget is full of parts being fetched or copied from, the reader
-//! waits for room (up to 2 s, then fetches anyway: a reader is never stuck on memory).
+//! holds at most its window until readers' parts push it out. No part a live stream is
+//! reading or in the middle of is evicted (it would be fetched again: 64 readers under a
+//! budget of a part each fetched 1.5x their bytes so). A reader's own part evicts parts
+//! already read, then parts fetched ahead; when the budget has no room even so, the read
+//! is served by GETs of its own range, kept nowhere: a reader never waits on memory, and
+//! the network carries no part twice.
 //! A new part takes over the memory of a part that every live sequential stream of its
 //! object has passed (read, and referenced by no reader): writing a part into fresh pages
 //! costs a page fault per 4 KiB.
@@ -131,6 +136,8 @@ struct Stream {
     start: u64,
     /// Where the last read ended (the furthest end seen).
     next: u64,
+    /// Where its latest read started: the stream is in the parts from here to `next`.
+    last: u64,
     window: u32,
     tick: u64,
     /// When it last read.
@@ -141,8 +148,16 @@ struct Stream {
 /// growing reads fetches no whole part.
 const RUN_BEFORE_WINDOW: u64 = 1 << 20;
 
-/// How long a reader waits for room in the budget before it fetches its part anyway.
-const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// What [`Parts::make_room`] may evict, in the order it evicts: each kind allows the ones
+/// before it. Parts a live stream is reading or in the middle of are never evicted (its
+/// next read needs them: evicted, they are fetched again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Evict {
+    /// Parts already read that no live stream is in (read-ahead evicts only these).
+    Read,
+    /// Also parts fetched ahead and not yet read (a reader's own part evicts these too).
+    Ahead,
+}
 
 /// A stream that has not read for this long has stopped: the parts it has not reached
 /// yet are not kept for it ([`Parts::recycle`]).
@@ -165,6 +180,9 @@ struct State {
     streams: HashMap<u128, Vec<Stream>>,
     queued: HashSet<PartKey>,
     queue: VecDeque<Job>,
+    /// Live streams (read within [`STREAM_IDLE`]), every object together, and when they
+    /// were counted ([`Parts::live_streams`]).
+    live: Option<(std::time::Instant, usize)>,
 }
 
 struct Job {
@@ -207,6 +225,7 @@ struct Counters {
     prefetch_skipped: AtomicU64,
     in_flight: AtomicU64,
     parts_recycled: AtomicU64,
+    pressed_reads: AtomicU64,
 }
 
 static CONFIG: OnceLock<PartConfig> = OnceLock::new();
@@ -243,6 +262,9 @@ pub struct Snapshot {
     pub in_flight: u64,
     /// Parts every stream had passed whose memory a new part took over.
     pub parts_recycled: u64,
+    /// Reads served by GETs of their own range because the budget had no room for their
+    /// parts (full of parts being fetched, read from, or that live streams are in).
+    pub pressed_reads: u64,
 }
 
 pub fn snapshot() -> Snapshot {
@@ -265,6 +287,7 @@ impl Parts {
             prefetch_skipped: c.prefetch_skipped.load(Ordering::Relaxed),
             in_flight: c.in_flight.load(Ordering::Relaxed),
             parts_recycled: c.parts_recycled.load(Ordering::Relaxed),
+            pressed_reads: c.pressed_reads.load(Ordering::Relaxed),
         }
     }
 
@@ -301,6 +324,13 @@ pub(crate) fn ahead_bytes(object: u128, offset: u64) -> u64 {
     parts().ahead_bytes(object, offset)
 }
 
+/// Whether the parts holding `[offset, offset + len)` of an object of `size` bytes are all in
+/// memory now (fetched, not being fetched): a read of them does not wait for the network.
+/// Nothing is noted (no stream, no use).
+pub(crate) fn resident(object: u128, size: u64, offset: u64, len: u64) -> bool {
+    parts().resident(object, size, offset, len)
+}
+
 /// Have the parts holding `[offset, offset + len)` fetched ahead, after what is queued,
 /// unless held, being fetched or queued already. `false` when the read-ahead queue is full
 /// (the rest is left to the readers' own windows).
@@ -324,8 +354,9 @@ impl Parts {
 
     fn read(&'static self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
         match self.locate(object, fetch, offset, buf.len())? {
-            Some((held, first)) => copy_out(&held, first, self.config.part_size.max(1), offset, buf),
-            None => self.read_alone(object, fetch, offset, buf)?,
+            Found::Held((held, first)) => copy_out(&held, first, self.config.part_size.max(1), offset, buf),
+            Found::Alone => self.read_alone(object, fetch, offset, buf)?,
+            Found::Pressed => self.read_pressed(object, fetch, offset, buf)?,
         }
         Ok(())
     }
@@ -336,21 +367,22 @@ impl Parts {
             return Ok(None);
         }
         let from = (offset % ps) as usize;
-        match self.locate(object, fetch, offset, len)? {
-            Some((mut held, _)) => Ok(held.pop().map(|part| (part, from))),
-            None => {
-                let mut bytes = vec![0u8; len];
-                self.read_alone(object, fetch, offset, &mut bytes)?;
-                Ok(Some((Arc::new(bytes), 0)))
-            }
+        let found = self.locate(object, fetch, offset, len)?;
+        if let Found::Held((mut held, _)) = found {
+            return Ok(held.pop().map(|part| (part, from)));
         }
+        let mut bytes = vec![0u8; len];
+        match found {
+            Found::Pressed => self.read_pressed(object, fetch, offset, &mut bytes)?,
+            _ => self.read_alone(object, fetch, offset, &mut bytes)?,
+        }
+        Ok(Some((Arc::new(bytes), 0)))
     }
 
     /// The parts holding `[offset, offset + len)` (`len` > 0) and the index of the first,
-    /// fetched or waited for, with the reader's stream noted and its window read ahead.
-    /// `None` for a short read without a stream whose parts are not all held:
-    /// [`Parts::read_alone`] reads those.
-    fn locate(&'static self, object: u128, fetch: &Fetch, offset: u64, len: usize) -> Result<Option<Located>, RemoteError> {
+    /// fetched or waited for, with the reader's stream noted and its window read ahead; or
+    /// how the read is served instead.
+    fn locate(&'static self, object: u128, fetch: &Fetch, offset: u64, len: usize) -> Result<Found, RemoteError> {
         let p = self;
         let size = fetch.meta.size;
         let ps = p.config.part_size.max(1);
@@ -362,7 +394,8 @@ impl Parts {
         if window == 0 && (len as u64) < ps / 2 {
             // No stream: the parts if all are held (in memory, or on disk), else a GET of this
             // range only.
-            return Ok(p.held(object, first, last).or_else(|| p.held_on_disk(object, size, first, last)).map(|h| (h, first)));
+            let held = p.held(object, first, last).or_else(|| p.held_on_disk(object, size, first, last));
+            return Ok(held.map_or(Found::Alone, |h| Found::Held((h, first))));
         }
         let parts_total = size.div_ceil(ps);
         let ahead_to = (last + 1 + window as u64).min(parts_total);
@@ -371,9 +404,12 @@ impl Parts {
         }
         let mut held = Vec::with_capacity((last - first + 1) as usize);
         for index in first..=last {
-            held.push(p.part(PartKey { object, index }, fetch, part_len(size, ps, index))?);
+            match p.part(PartKey { object, index }, fetch, part_len(size, ps, index))? {
+                Some(part) => held.push(part),
+                None => return Ok(Found::Pressed),
+            }
         }
-        Ok(Some((held, first)))
+        Ok(Found::Held((held, first)))
     }
 
     /// A short read without a stream, not held as parts: from the disk tier under its exact
@@ -393,6 +429,42 @@ impl Parts {
         }
         Ok(())
     }
+
+    /// A read whose parts the budget has no room for: part by part, the part from the disk
+    /// tier if it holds it, else a GET of the read's range in that part (kept nowhere: the
+    /// ranges of such reads are not the same at the next mount).
+    fn read_pressed(&self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
+        self.counters.pressed_reads.fetch_add(1, Ordering::Relaxed);
+        let ps = self.config.part_size.max(1);
+        let mut filled = 0usize;
+        while filled < buf.len() {
+            let at = offset + filled as u64;
+            let index = at / ps;
+            let from = (at - index * ps) as usize;
+            let len = part_len(fetch.meta.size, ps, index) as usize;
+            let n = (len - from).min(buf.len() - filled);
+            let dst = &mut buf[filled..filled + n];
+            match DISK.get().and_then(|d| d.get(object, index * ps, len)) {
+                Some(part) => {
+                    self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
+                    dst.copy_from_slice(&part[from..from + n]);
+                }
+                None => fetch.ns.read(&fetch.key, &fetch.meta, at, dst)?,
+            }
+            filled += n;
+        }
+        Ok(())
+    }
+}
+
+/// How a read is served ([`Parts::locate`]).
+enum Found {
+    /// From these parts, the first one's index.
+    Held(Located),
+    /// A short read without a stream whose parts are not all held: [`Parts::read_alone`].
+    Alone,
+    /// The budget has no room for its parts: [`Parts::read_pressed`].
+    Pressed,
 }
 
 fn part_len(size: u64, ps: u64, index: u64) -> u64 {
@@ -420,6 +492,7 @@ impl Parts {
         let mut st = self.state.lock();
         st.tick += 1;
         let tick = st.tick;
+        let share = self.share(&mut st);
         let streams = st.streams.entry(object).or_default();
         // Forward, a stream continues across a jump as long as its window: what it skips
         // was fetched ahead already, and a reader that moves through the object in jumps
@@ -443,9 +516,10 @@ impl Parts {
                 }
                 s.next = end;
             }
+            s.last = offset;
             s.tick = tick;
             s.at = std::time::Instant::now();
-            return s.window;
+            return s.window.min(share);
         }
         if streams.iter().any(|s| s.window > 0) && streams.len() >= STREAMS_PER_OBJECT {
             self.counters.window_resets.fetch_add(1, Ordering::Relaxed);
@@ -455,7 +529,7 @@ impl Parts {
         {
             streams.swap_remove(oldest);
         }
-        streams.push(Stream { start: offset, next: end, window: 0, tick, at: std::time::Instant::now() });
+        streams.push(Stream { start: offset, next: end, last: offset, window: 0, tick, at: std::time::Instant::now() });
         0
     }
 
@@ -494,8 +568,7 @@ impl Parts {
             let bytes = Arc::new(disk.get(object, index * ps, len as usize)?);
             self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
             let mut st = self.state.lock();
-            if !st.slots.contains_key(&key) {
-                self.make_room(&mut st, len, true);
+            if !st.slots.contains_key(&key) && self.make_room(&mut st, len, Evict::Ahead) {
                 st.tick += 1;
                 let tick = st.tick;
                 st.slots.insert(key, Slot::Ready(Held { bytes: bytes.clone(), tick, consumed: true }));
@@ -507,11 +580,12 @@ impl Parts {
         Some(v)
     }
 
-    /// A reader's part: held, waited for, or fetched now (within the budget: when it is
-    /// full of parts being fetched or copied from, the reader waits for room up to
-    /// [`ROOM_WAIT`], then goes over).
-    fn part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Arc<Vec<u8>>, RemoteError> {
-        let since = std::time::Instant::now();
+    /// A reader's part: held, waited for, or fetched now within the budget. `None` when the
+    /// budget has no room for it (full of parts being fetched, read from, or that live
+    /// streams are in): the reader reads its own range instead of waiting for room or
+    /// evicting a part another reader needs, so it is never stuck on memory and the network
+    /// carries no part twice.
+    fn part(&self, key: PartKey, fetch: &Fetch, len: u64) -> Result<Option<Arc<Vec<u8>>>, RemoteError> {
         let mut spare = None;
         let mut st = self.state.lock();
         loop {
@@ -525,7 +599,7 @@ impl Parts {
                         self.counters.prefetch_hits.fetch_add(1, Ordering::Relaxed);
                     }
                     h.consumed = true;
-                    return Ok(h.bytes.clone());
+                    return Ok(Some(h.bytes.clone()));
                 }
                 Some(Slot::Fetching { .. }) => {
                     self.fetched.wait(&mut st);
@@ -537,12 +611,10 @@ impl Parts {
             if spare.is_none() {
                 spare = self.recycle(&mut st, len);
             }
-            if self.make_room(&mut st, len, true) || since.elapsed() > ROOM_WAIT {
+            if self.make_room(&mut st, len, Evict::Ahead) {
                 break;
             }
-            // Over the budget with nothing to evict: wait for a fetch in flight to end (or a
-            // reader to let go of a part it is copying from), then look again.
-            self.fetched.wait_for(&mut st, std::time::Duration::from_millis(10));
+            return Ok(None);
         }
         st.slots.insert(key, Slot::Fetching { len });
         st.used += len;
@@ -552,7 +624,7 @@ impl Parts {
         let mut st = self.state.lock();
         let r = self.finish(&mut st, key, got, true);
         self.fetched.notify_all();
-        r
+        r.map(Some)
     }
 
     /// Fetch one part: from the disk tier, else one GET (into `spare` if it is a buffer of
@@ -598,22 +670,57 @@ impl Parts {
         }
     }
 
-    /// Evict held parts until `len` more bytes fit the budget: least recently used first,
-    /// only parts no reader holds now, and for read-ahead (`!demand`) only parts already read.
-    /// Whether they fit.
-    fn make_room(&self, st: &mut State, len: u64, demand: bool) -> bool {
-        while st.used + len > self.config.memory_budget {
-            let victim = st
+    /// Evict held parts until `len` more bytes fit the budget: only parts no reader holds
+    /// now and no live stream is reading or in the middle of, of the kinds `evict` allows,
+    /// in its order (parts already read, then parts fetched ahead and not yet read), least
+    /// recently used first within each. Whether they fit (if not, nothing is evicted).
+    fn make_room(&self, st: &mut State, len: u64, evict: Evict) -> bool {
+        let budget = self.config.memory_budget;
+        if st.used + len > budget {
+            let ps = self.config.part_size.max(1);
+            let now = std::time::Instant::now();
+            // The parts of a live stream's latest read (noted before its parts are taken)
+            // and the part its next read starts in.
+            let inside: HashSet<PartKey> = st
+                .streams
+                .iter()
+                .flat_map(|(object, streams)| {
+                    streams
+                        .iter()
+                        .filter(move |s| now.duration_since(s.at) < STREAM_IDLE)
+                        .flat_map(move |s| (s.last.min(s.next) / ps..s.next.div_ceil(ps)).map(move |index| PartKey { object: *object, index }))
+                })
+                .collect();
+            let mut victims: Vec<(Evict, u64, PartKey, u64)> = st
                 .slots
                 .iter()
                 .filter_map(|(k, s)| match s {
-                    Slot::Ready(h) if Arc::strong_count(&h.bytes) == 1 && (demand || h.consumed) => Some((h.tick, *k)),
+                    Slot::Ready(h) if Arc::strong_count(&h.bytes) == 1 => {
+                        let rank = match (h.consumed, inside.contains(k)) {
+                            (_, true) => return None,
+                            (true, false) => Evict::Read,
+                            (false, false) => Evict::Ahead,
+                        };
+                        (rank <= evict).then_some((rank, h.tick, *k, h.bytes.len() as u64))
+                    }
                     _ => None,
                 })
-                .min();
-            let Some((_, k)) = victim else { return false };
-            if let Some(s) = st.slots.remove(&k) {
-                st.used = st.used.saturating_sub(s.len());
+                .collect();
+            victims.sort_unstable();
+            // Nothing is evicted unless that makes the room.
+            let (mut n, mut left) = (0, st.used);
+            while left + len > budget && n < victims.len() {
+                left = left.saturating_sub(victims[n].3);
+                n += 1;
+            }
+            if left + len > budget {
+                self.note_used(st.used);
+                return false;
+            }
+            for (_, _, k, _) in &victims[..n] {
+                if let Some(s) = st.slots.remove(k) {
+                    st.used = st.used.saturating_sub(s.len());
+                }
             }
         }
         self.note_used(st.used);
@@ -719,14 +826,58 @@ impl Parts {
         room
     }
 
-    fn ahead_bytes(&self, object: u128, offset: u64) -> u64 {
+    fn resident(&self, object: u128, size: u64, offset: u64, len: u64) -> bool {
+        let ps = self.config.part_size.max(1);
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return true;
+        }
         let st = self.state.lock();
+        (offset / ps..=(end - 1) / ps).all(|index| matches!(st.slots.get(&PartKey { object, index }), Some(Slot::Ready(_))))
+    }
+
+    fn ahead_bytes(&self, object: u128, offset: u64) -> u64 {
+        let mut st = self.state.lock();
+        let share = self.share(&mut st);
         let Some(streams) = st.streams.get(&object) else { return 0 };
         streams
             .iter()
             .filter(|s| s.next.abs_diff(offset) <= FORWARD_TOLERANCE)
             .min_by_key(|s| s.next.abs_diff(offset))
-            .map_or(0, |s| u64::from(s.window) * self.config.part_size)
+            .map_or(0, |s| u64::from(s.window.min(share)) * self.config.part_size)
+    }
+
+    /// Streams that have read within [`STREAM_IDLE`], every object together (counted at
+    /// most every 20 ms: a read looks at it, and there may be thousands of streams).
+    fn live_streams(&self, st: &mut State) -> usize {
+        let now = std::time::Instant::now();
+        if let Some((at, n)) = st.live
+            && now.duration_since(at) < std::time::Duration::from_millis(20)
+        {
+            return n;
+        }
+        let n = st.streams.values().flatten().filter(|s| now.duration_since(s.at) < STREAM_IDLE).count();
+        st.live = Some((now, n));
+        n
+    }
+
+    /// The most parts a stream has fetched ahead: its share of the budget (the budget in
+    /// parts over the live streams) less the part it reads, at least 1. Many readers under
+    /// one budget read ahead a little each instead of fetching windows the budget cannot
+    /// hold (which other readers' parts then evict before they are read, and which are
+    /// fetched again: 1.5x the bytes over the network with 64 readers and a part each).
+    fn share(&self, st: &mut State) -> u32 {
+        let parts = self.config.memory_budget / self.config.part_size.max(1);
+        let live = self.live_streams(st).max(1) as u64;
+        (parts / live).saturating_sub(1).clamp(1, u64::from(u32::MAX)) as u32
+    }
+
+    /// Room kept free of read-ahead for readers' own parts: a part per live stream (up to
+    /// the whole budget), so that a reader's part does not have to evict parts fetched
+    /// ahead for others and not yet read.
+    fn reserve(&self, st: &mut State) -> u64 {
+        let ps = self.config.part_size.max(1);
+        (self.live_streams(st) as u64 * ps).min(self.config.memory_budget)
     }
 
     fn start_workers(&'static self) {
@@ -755,7 +906,8 @@ impl Parts {
             let ps = self.config.part_size.max(1);
             let len = part_len(size, ps, job.key.index);
             let spare = self.recycle(&mut st, len);
-            if !self.make_room(&mut st, len, false) {
+            let reserve = self.reserve(&mut st);
+            if !self.make_room(&mut st, len + reserve, Evict::Read) {
                 self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -1145,15 +1297,70 @@ mod tests {
         // Each reader may be fetching one part of its own beyond the budget, no more.
         let peak = p.peak.load(Ordering::Relaxed);
         assert!(peak <= budget + readers as u64 * ps, "peak {peak} over budget {budget} + {readers} parts");
-        // Once read-ahead settles, what is held is within the budget, and a new reader can
-        // still have all of it (the stopped readers' windows are evictable).
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Once read-ahead settles and the readers' streams are idle, what is held is within
+        // the budget, and a new reader can still have all of it (the stopped readers' windows
+        // are evictable, and no budget is kept free for their streams).
+        std::thread::sleep(STREAM_IDLE + std::time::Duration::from_millis(200));
         assert!(p.used_now.load(Ordering::Relaxed) <= budget + 8 * ps);
         let (fake, fetch) = object(8 << 20, 999);
         for at in (0..8u64 << 20).step_by(64 << 10) {
             check(p, 9999, &fake, &fetch, at, 64 << 10);
         }
         assert!(p.snapshot().prefetch_hits > 0);
+    }
+
+    /// When the budget is full of parts readers are in, another reader's read is served by
+    /// a GET of its own range: it does not wait, and the parts the others are in stay.
+    #[test]
+    fn a_read_the_budget_has_no_room_for_is_served_alone_and_evicts_no_part_in_use() {
+        let ps = 64u64 << 10;
+        let p = tier(ps, 2 * ps, 4, 8);
+        let objects: Vec<(Arc<Fake>, Fetch)> = (0..3).map(|i| object(4 * ps as usize, 400 + i)).collect();
+        let half = (ps / 2) as usize;
+        // Two readers, each in the middle of its object's first part: the budget is full.
+        for (i, (fake, fetch)) in objects[..2].iter().enumerate() {
+            check(p, 40 + i as u128, fake, fetch, 0, half);
+        }
+        assert!(!p.resident(42, objects[2].1.meta.size, 0, 1));
+        let (fake, fetch) = &objects[2];
+        check(p, 42, fake, fetch, 0, half);
+        assert_eq!(fake.gets.lock().clone(), vec![(0, half)], "the third read fetched more than its range");
+        let snap = p.snapshot();
+        assert_eq!((snap.pressed_reads, snap.parts_fetched), (1, 2), "{snap:?}");
+        // The first two readers go on in the parts they are in: no second GET.
+        for (i, (fake, fetch)) in objects[..2].iter().enumerate() {
+            assert!(p.resident(40 + i as u128, fetch.meta.size, half as u64, half as u64));
+            check(p, 40 + i as u128, fake, fetch, half as u64, half);
+            assert_eq!(fake.gets.lock().len(), 1, "reader {i}'s part was fetched again");
+        }
+    }
+
+    /// 64 readers of 64 objects, each wanting a window, under a budget of one part per
+    /// reader: the network carries each part about once (read-ahead that the budget
+    /// cannot hold is not started, rather than fetched and evicted before it is read).
+    #[test]
+    fn many_readers_under_a_tight_budget_fetch_each_part_about_once() {
+        let ps = 128u64 << 10;
+        let readers = 64usize;
+        let budget = readers as u64 * ps;
+        let p = tier(ps, budget, 16, 32);
+        let objects: Vec<(Arc<Fake>, Fetch)> = (0..readers).map(|i| slow_object(3 << 20, 300 + i as u64, std::time::Duration::from_millis(2))).collect();
+        std::thread::scope(|s| {
+            for (i, (fake, fetch)) in objects.iter().enumerate() {
+                s.spawn(move || {
+                    let mut at = 0usize;
+                    while at < fake.bytes.len() {
+                        let n = (64 << 10).min(fake.bytes.len() - at);
+                        check(p, 7000 + i as u128, fake, fetch, at as u64, n);
+                        at += n;
+                    }
+                });
+            }
+        });
+        let read: u64 = objects.iter().map(|(f, _)| f.bytes.len() as u64).sum();
+        let fetched: u64 = objects.iter().map(|(f, _)| f.gets.lock().iter().map(|g| g.1 as u64).sum::<u64>()).sum();
+        let snap = p.snapshot();
+        assert!(fetched <= read + read / 32, "fetched {fetched} bytes for {read} read ({:.2}x): {snap:?}", fetched as f64 / read as f64);
     }
 
     #[test]
