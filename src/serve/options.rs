@@ -47,10 +47,11 @@ pub struct ServeOptions {
     pub max_read: u32,
     /// Kernel readahead of the mount in KiB (default: 8 x max_read for views with files of
     /// source bytes, whose source is read with direct I/O; max_read for views with computed
-    /// files; else the kernel's)
+    /// files or files of remote sources; else the kernel's)
     #[arg(long, value_parser = int_in::<u32>(0, 1 << 20), help_heading = "Serving")]
     pub read_ahead_kb: Option<u32>,
-    /// Pending background (readahead) requests the kernel may queue (default: fuser's, 16)
+    /// Pending background (readahead) requests the kernel may queue (default: 64 for mounts
+    /// of remote sources, else fuser's 16)
     #[arg(long, value_parser = int_in::<u16>(1, u16::MAX), help_heading = "Serving")]
     pub max_background: Option<u16>,
     /// auto|on|off: on: reads bypass the kernel's page cache of the mount (FOPEN_DIRECT_IO;

@@ -134,12 +134,14 @@ impl Options {
             min_rate: self.remote_min_rate_kib << 10,
             ..Config::default()
         });
-        parts::configure(parts::PartConfig {
-            part_size: self.remote_part_mb << 20,
-            memory_budget: self.remote_memory_mb.map_or_else(parts::default_memory_budget, |m| m << 20),
-            concurrency: self.remote_concurrency,
-            ..parts::PartConfig::default()
-        });
+        let part_size = self.remote_part_mb << 20;
+        let mut memory_budget = self.remote_memory_mb.map_or_else(parts::default_memory_budget, |m| m << 20);
+        if memory_budget < part_size {
+            // Not even one part would fit: every read would be a GET of its own range.
+            tracing::warn!("remote_memory_mb ({} MiB) is smaller than one part (remote_part_mb={}): using one part", memory_budget >> 20, self.remote_part_mb);
+            memory_budget = part_size;
+        }
+        parts::configure(parts::PartConfig { part_size, memory_budget, concurrency: self.remote_concurrency, ..parts::PartConfig::default() });
     }
 }
 
