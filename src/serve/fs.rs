@@ -392,10 +392,11 @@ impl Fs {
     }
 
     /// Whether a read of `len` bytes at `offset` is served without waiting for a chunk to be
-    /// loaded or computed (status files, literal and source bytes, chunks in memory).
-    pub fn ready(&self, ino: Ino, offset: u64, len: u64) -> bool {
+    /// loaded or computed, or (if `network`) for remote bytes not in memory (status files,
+    /// literal and local source bytes, chunks in memory).
+    pub fn ready(&self, ino: Ino, offset: u64, len: u64, network: bool) -> bool {
         match self.tree.get(ino).map(|n| &n.kind) {
-            Some(NodeKind::File(f)) => f.ready(offset, len),
+            Some(NodeKind::File(f)) => f.ready(offset, len, network),
             _ => true,
         }
     }

@@ -250,8 +250,12 @@ impl Filesystem for FuseAdapter {
     fn read(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock_owner: Option<LockOwner>, reply: ReplyData) {
         let ctx = handle_ctx(fh);
         let fh = fh.0 & !DIRECT_FH;
+        // A direct handle's reads leave the worker for the direct pool anyway: only a wait
+        // for a chunk sends them to the wait pool instead, not a wait for the network (a
+        // remote pack's reads and SGLang's O_DIRECT ones stay on the direct pool).
+        let to_direct_pool = ctx.direct && self.direct_pool.is_some();
         if let Some(pool) = &self.waiting
-            && !self.fs.ready(ino.0, offset, size.into())
+            && !self.fs.ready(ino.0, offset, size.into(), !to_direct_pool)
         {
             // It would wait for a chunk: the worker goes back for the next request.
             let fs = self.fs.clone();

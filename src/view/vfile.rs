@@ -463,17 +463,17 @@ impl VirtualFile {
     }
 
     /// Whether `len` bytes at `offset` are served without waiting for a chunk to be loaded
-    /// or computed, or for the network (literal and zero bytes, local source bytes, remote
-    /// source bytes whose parts are in memory, chunks in memory).
-    pub fn ready(&self, offset: u64, len: u64) -> bool {
-        if offset >= self.size || len == 0 || !(self.computed || self.remote) {
+    /// or computed, or (if `network`) for the network (literal and zero bytes, local source
+    /// bytes, remote source bytes whose parts are in memory, chunks in memory).
+    pub fn ready(&self, offset: u64, len: u64, network: bool) -> bool {
+        if offset >= self.size || len == 0 || !(self.computed || (network && self.remote)) {
             return true;
         }
         let end = offset.saturating_add(len).min(self.size);
         let first = self.extents.partition_point(|(start, _)| *start <= offset) - 1;
         self.extents[first..].iter().take_while(|(start, _)| *start < end).all(|(start, e)| match e {
             Extent::Computed { producer, id, .. } => producer.ready(*id),
-            Extent::Source { file, offset: src, len } => {
+            Extent::Source { file, offset: src, len } if network => {
                 let from = offset.max(*start) - start;
                 file.resident(src + from, (end - start).min(*len) - from)
             }
