@@ -257,7 +257,8 @@ impl Filesystem for FuseAdapter {
         if let Some(pool) = &self.waiting
             && !self.fs.ready(ino.0, offset, size.into(), !to_direct_pool)
         {
-            // It would wait for a chunk: the worker goes back for the next request.
+            // It would wait for a chunk or the network: the worker goes back for the next
+            // request.
             let fs = self.fs.clone();
             return pool.spawn(move || serve_read(&fs, ino, fh, offset, size, ctx, 0, reply));
         }
