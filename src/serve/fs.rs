@@ -424,12 +424,6 @@ impl Fs {
         self.tree.vfiles().any(|f| f.reads_remote())
     }
 
-    /// Whether a read may wait: for a chunk to be computed or loaded, or for the network (a
-    /// file of remote source bytes).
-    pub fn may_wait(&self) -> bool {
-        self.tree.vfiles().any(|f| !f.is_identity() || f.reads_remote())
-    }
-
     /// What a passthrough open of `ino` hands the kernel: for a whole source file, that
     /// file, checked now to be unchanged (so the kernel gets only the inode that was
     /// validated); for a file kept whole in the disk cache, its entry, checked

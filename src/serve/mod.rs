@@ -231,7 +231,7 @@ pub fn mount(
         // Reads that may wait (for a chunk, or for the network) are handed to a pool when they
         // would: 64 readers of a remote INT8 tree through the two FUSE workers alone fetched
         // two parts at a time.
-        waiting: if fs.may_wait() { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
+        waiting: if has_computed || remote { pools::read_pool("wait", pools::WAITING_THREADS).map_err(MountError::Threads)? } else { None },
     };
 
     let mut config = Config::default();
