@@ -18,8 +18,8 @@ fn key(object: u128, offset: u64, len: usize) -> DiskKey {
 }
 
 impl DiskTier for FetchedParts {
-    fn get(&self, object: u128, offset: u64, len: usize) -> Option<Vec<u8>> {
-        self.0.get(&key(object, offset, len)).filter(|b| b.len() == len).map(|b| b.to_vec())
+    fn get_into(&self, object: u128, offset: u64, buf: &mut [u8]) -> bool {
+        self.0.get_into(&key(object, offset, buf.len()), buf)
     }
     fn put(&self, object: u128, offset: u64, bytes: &[u8]) {
         self.0.put(&key(object, offset, bytes.len()), bytes);

@@ -85,8 +85,9 @@ pub fn default_memory_budget() -> u64 {
 /// `object` is the object's identity (URL and pin, hashed): a changed object never meets
 /// another version's parts.
 pub trait DiskTier: Send + Sync {
-    /// The object's `len` bytes at `offset` (a part), if held and intact.
-    fn get(&self, object: u128, offset: u64, len: usize) -> Option<Vec<u8>>;
+    /// The object's `buf.len()` bytes at `offset` (a part) read into `buf`, if held and
+    /// intact: whether they were (if not, `buf` holds anything).
+    fn get_into(&self, object: u128, offset: u64, buf: &mut [u8]) -> bool;
     /// Keep a part (best effort: failures are the tier's to log).
     fn put(&self, object: u128, offset: u64, bytes: &[u8]);
 }
@@ -170,6 +171,11 @@ enum Evict {
 /// A stream that has not read for this long has stopped: the parts it has not reached
 /// yet are not kept for it ([`Parts::recycle`]).
 const STREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A stream that holds no parts ([`Stream::holds_parts`]) and has not read for this long
+/// protects no part from reuse ([`Parts::recycle`]): the runs of a view's reader each read
+/// every few milliseconds, a header parsed at mount does not read again.
+const SHORT_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A stream that has not read for this long is forgotten ([`Parts::live_streams`]).
 const STREAM_FORGOTTEN: std::time::Duration = std::time::Duration::from_secs(60);
@@ -428,9 +434,8 @@ impl Parts {
     /// mount, so a restart reads them from disk too), else one GET of this range only.
     fn read_alone(&self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
         let disk = DISK.get().filter(|_| buf.len() as u64 <= self.config.part_size);
-        if let Some(bytes) = disk.and_then(|d| d.get(object, offset, buf.len())) {
+        if disk.is_some_and(|d| d.get_into(object, offset, buf)) {
             self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
-            buf.copy_from_slice(&bytes);
             return Ok(());
         }
         self.counters.direct_reads.fetch_add(1, Ordering::Relaxed);
@@ -460,7 +465,10 @@ impl Parts {
                 filled += n;
                 continue;
             }
-            match DISK.get().and_then(|d| d.get(object, index * ps, len)) {
+            match DISK.get().and_then(|d| {
+                let mut part = vec![0u8; len];
+                d.get_into(object, index * ps, &mut part).then_some(part)
+            }) {
                 Some(part) => {
                     self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
                     dst.copy_from_slice(&part[from..from + n]);
@@ -587,7 +595,11 @@ impl Parts {
                 v.push(h.bytes.clone());
                 continue;
             }
-            let bytes = Arc::new(disk.get(object, index * ps, len as usize)?);
+            let mut bytes = crate::util::populated_zeroed(len as usize);
+            if !disk.get_into(object, index * ps, &mut bytes) {
+                return None;
+            }
+            let bytes = Arc::new(bytes);
             self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
             let mut st = self.state.lock();
             if !st.slots.contains_key(&key) && self.make_room(&mut st, len, Evict::Ahead) {
@@ -654,13 +666,13 @@ impl Parts {
     fn fetch_part(&self, key: PartKey, fetch: &Fetch, len: u64, spare: Option<Vec<u8>>) -> Result<Vec<u8>, RemoteError> {
         let disk = DISK.get();
         let offset = key.index * self.config.part_size;
-        if let Some(bytes) = disk.and_then(|d| d.get(key.object, offset, len as usize)) {
+        let mut buf = spare.filter(|b| b.len() as u64 == len).unwrap_or_else(|| crate::util::populated_zeroed(len as usize));
+        if disk.is_some_and(|d| d.get_into(key.object, offset, &mut buf)) {
             self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
-            return Ok(bytes);
+            return Ok(buf);
         }
         let c = &self.counters;
         c.in_flight.fetch_add(1, Ordering::Relaxed);
-        let buf = spare.filter(|b| b.len() as u64 == len).unwrap_or_else(|| crate::util::populated_zeroed(len as usize));
         let r = fetch.ns.read_owned(&fetch.key, &fetch.meta, offset, buf);
         c.in_flight.fetch_sub(1, Ordering::Relaxed);
         let buf = r?;
@@ -762,11 +774,16 @@ impl Parts {
         // Per object, where its slowest live stream is (a stream that has not read for
         // STREAM_IDLE has stopped and protects nothing; one without a window yet may be a
         // run of a view's reader that waits behind another run, the pack's gate slices
-        // behind its up and down slices, and still needs the parts it is in).
+        // behind its up and down slices, and still needs the parts it is in, unless it
+        // holds no parts and has not read for SHORT_IDLE: a header's reads at mount, which
+        // would otherwise keep every part of a read that starts just after from reuse).
         let now = std::time::Instant::now();
         let mut slowest: HashMap<u128, u64> = HashMap::new();
         for (object, streams) in &st.streams {
-            let live = streams.iter().filter(|s| now.duration_since(s.at) < STREAM_IDLE);
+            let live = streams.iter().filter(|s| {
+                let idle = now.duration_since(s.at);
+                idle < STREAM_IDLE && (idle < SHORT_IDLE || s.holds_parts(ps))
+            });
             if let Some(low) = live.map(|s| s.next).min() {
                 slowest.insert(*object, low);
             }
@@ -1309,6 +1326,27 @@ mod tests {
         // Recycled parts are gone from memory, and read again correctly.
         assert!(p.held(31, 0, 0).is_none(), "{snap:?}");
         check(p, 31, &fake, &fetch, 0, 3 * ps as usize);
+    }
+
+    #[test]
+    fn a_header_read_at_mount_does_not_keep_a_later_readers_parts_from_reuse() {
+        let ps = 1u64 << 20;
+        let p = tier(ps, 512 << 20, 4, 8);
+        let len = 64 * ps;
+        let (fake, fetch) = object(len as usize, 19);
+        // A header parsed in small reads, as a mount does, then nothing more from it.
+        check(p, 33, &fake, &fetch, 0, 4 << 10);
+        check(p, 33, &fake, &fetch, 4 << 10, 12 << 10);
+        std::thread::sleep(SHORT_IDLE + std::time::Duration::from_millis(50));
+        // A reader from 20 MiB (beyond the header stream's forward tolerance) to the end,
+        // well within STREAM_IDLE of the header's reads: the parts behind it are reused.
+        let chunk = 256usize << 10;
+        for at in (20 * ps..len).step_by(chunk) {
+            check(p, 33, &fake, &fetch, at, chunk);
+        }
+        let snap = p.snapshot();
+        assert!(snap.parts_recycled >= 16, "{snap:?}");
+        assert!(snap.parts_fetched <= 44 + 2, "each part fetched once: {snap:?}");
     }
 
     #[test]

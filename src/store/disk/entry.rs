@@ -27,6 +27,8 @@ pub(super) const READ_PIECE: usize = 256 << 10;
 enum Bad {
     Corrupt(String),
     Io(io::Error),
+    /// Whole and of this key, but not of the length the caller wants (nothing was read).
+    Unwanted,
 }
 
 impl DiskCache {
@@ -38,17 +40,39 @@ impl DiskCache {
     /// The entry under `key`, verified, or `None` (absent, unreadable, or found wrong and
     /// deleted).
     pub fn get(&self, key: &DiskKey) -> Option<Arc<[u8]>> {
+        let mut buf = None;
+        self.get_with(key, |len| Arc::get_mut(buf.insert(crate::util::populated_zeroed_arc(len as usize))))?;
+        buf
+    }
+
+    /// The entry under `key` read and verified straight into `out`, when it holds exactly
+    /// `out.len()` bytes: whether it did. On `false`, `out` holds anything (a miss leaves
+    /// it as it was, a corrupt entry partly overwritten). For a caller that has the buffer
+    /// the bytes go to (a fetched part's, reused): no allocation and no second copy.
+    pub fn get_into(&self, key: &DiskKey, out: &mut [u8]) -> bool {
+        let want = out.len() as u64;
+        let mut out = Some(out);
+        self.get_with(key, |len| if len == want { out.take() } else { None }).is_some()
+    }
+
+    /// Read the entry under `key` into the buffer `dest(payload length)` gives (`None`: not
+    /// wanted, counted as a miss), verifying it; the entry's payload length on success.
+    fn get_with<'b>(&self, key: &DiskKey, dest: impl FnOnce(u64) -> Option<&'b mut [u8]>) -> Option<u64> {
         if self.mode() == Mode::Disabled {
             return None;
         }
         let path = self.entry_path(key);
         let file = self.open_or_miss(&path, &self.stats.misses)?;
-        match read_entry(&file, key) {
-            Ok((bytes, mtime)) => {
+        match read_entry(&file, key, dest) {
+            Ok((len, mtime)) => {
                 self.stats.hits.inc();
-                self.stats.bytes_read.inc_by(bytes.len() as u64);
+                self.stats.bytes_read.inc_by(len);
                 self.touch(&file, mtime);
-                Some(bytes)
+                Some(len)
+            }
+            Err(Bad::Unwanted) => {
+                self.stats.misses.inc();
+                None
             }
             Err(Bad::Corrupt(why)) => {
                 self.stats.corrupt.inc();
@@ -146,17 +170,14 @@ fn header(key: &DiskKey, bytes: &[u8]) -> [u8; HEADER_BYTES as usize] {
     out
 }
 
-/// Read and verify the entry `file` holds for `key`: its payload and mtime.
-fn read_entry(file: &File, key: &DiskKey) -> Result<(Arc<[u8]>, SystemTime), Bad> {
+/// Read and verify the entry `file` holds for `key` into the buffer `dest(payload length)`
+/// gives (`None`: [`Bad::Unwanted`], nothing read): the payload length and the mtime.
+fn read_entry<'b>(file: &File, key: &DiskKey, dest: impl FnOnce(u64) -> Option<&'b mut [u8]>) -> Result<(u64, SystemTime), Bad> {
     let meta = file.metadata().map_err(Bad::Io)?;
     let size = meta.len();
     if size < HEADER_BYTES {
         return Err(Bad::Corrupt(format!("{size} bytes, shorter than the header")));
     }
-    // The whole entry is wanted: one readahead of all of it, so a cold entry costs one
-    // device round trip instead of one per piece read below.
-    // SAFETY: a plain system call on the open descriptor `file`; it reads no memory.
-    unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(file), 0, size.min(i64::MAX as u64) as i64, libc::POSIX_FADV_WILLNEED) };
     let mut head = [0u8; HEADER_BYTES as usize];
     file.read_exact_at(&mut head, 0).map_err(Bad::Io)?;
     if head[..8] != MAGIC {
@@ -170,8 +191,12 @@ fn read_entry(file: &File, key: &DiskKey) -> Result<(Arc<[u8]>, SystemTime), Bad
         return Err(Bad::Corrupt(format!("header says {len} payload bytes, the file has {}", size - HEADER_BYTES)));
     }
     let want = u128::from_le_bytes(head[48..64].try_into().unwrap());
-    let mut buf = crate::util::populated_zeroed_arc(len as usize);
-    let out = Arc::get_mut(&mut buf).expect("fresh allocation");
+    let out = dest(len).ok_or(Bad::Unwanted)?;
+    debug_assert_eq!(out.len() as u64, len);
+    // The whole entry is wanted: one readahead of all of it, so a cold entry costs one
+    // device round trip instead of one per piece read below.
+    // SAFETY: a plain system call on the open descriptor `file`; it reads no memory.
+    unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(file), 0, size.min(i64::MAX as u64) as i64, libc::POSIX_FADV_WILLNEED) };
     let mut h = checksum(key, len);
     let mut done = 0usize;
     while done < out.len() {
@@ -187,5 +212,5 @@ fn read_entry(file: &File, key: &DiskKey) -> Result<(Arc<[u8]>, SystemTime), Bad
     if h.finish_128() != want {
         return Err(Bad::Corrupt("checksum mismatch".into()));
     }
-    Ok((buf, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+    Ok((len, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
 }

@@ -369,6 +369,36 @@ mod tests {
     }
 
     #[test]
+    fn get_into_fills_the_callers_buffer_of_the_entrys_length_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(cfg(dir.path(), 1 << 30));
+        let len = READ_PIECE * 2 + 5;
+        let mut buf = vec![7u8; len];
+        assert!(!c.get_into(&key(1), &mut buf), "absent");
+        assert!(buf.iter().all(|&b| b == 7), "a miss leaves the buffer as it was");
+        assert!(c.put(&key(1), &payload(1, len)));
+        assert!(c.get_into(&key(1), &mut buf));
+        assert_eq!(buf, payload(1, len));
+        // Another length is a miss that reads nothing and keeps the entry.
+        let mut short = vec![7u8; len - 1];
+        assert!(!c.get_into(&key(1), &mut short));
+        assert!(short.iter().all(|&b| b == 7));
+        assert!(c.entry_path(&key(1)).exists());
+        let s = c.snapshot();
+        assert_eq!((s.hits, s.misses, s.corrupt), (1, 2, 0));
+        assert_eq!(s.bytes_read, len as u64);
+        // A flipped payload byte: not served, counted, deleted.
+        let p = c.entry_path(&key(1));
+        let f = fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, HEADER_BYTES + 1000).unwrap();
+        f.write_all_at(&[b[0] ^ 1], HEADER_BYTES + 1000).unwrap();
+        assert!(!c.get_into(&key(1), &mut buf));
+        assert_eq!(c.snapshot().corrupt, 1);
+        assert!(!p.exists());
+    }
+
+    #[test]
     fn round_trip_and_counters() {
         let dir = tempfile::tempdir().unwrap();
         let c = DiskCache::open(cfg(dir.path(), 1 << 30));
