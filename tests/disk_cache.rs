@@ -545,27 +545,3 @@ fn file_entries_serve_restarts_through_the_kernel_and_are_never_served_wrong() {
     assert!(!entry.exists(), "the damaged entry is deleted");
     m.unmount();
 }
-
-fn sha256_hex(b: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(b))
-}
-
-/// Prints the sha256 of a file read with O_DIRECT (aligned buffers), then checks an mmap of
-/// it gives the same bytes.
-const ODIRECT_AND_MMAP: &str = r#"
-import hashlib, mmap, os, sys
-p = sys.argv[1]
-size = os.path.getsize(p)
-fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
-buf = mmap.mmap(-1, 1 << 20)
-h, off = hashlib.sha256(), 0
-while off < size:
-    n = os.preadv(fd, [buf], off)
-    h.update(buf[:n]); off += n
-os.close(fd)
-with open(p, "rb") as f:
-    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-    assert hashlib.sha256(m).hexdigest() == h.hexdigest(), "mmap differs from O_DIRECT"
-print(h.hexdigest())
-"#;

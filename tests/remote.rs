@@ -697,14 +697,102 @@ impl CachedPack {
 
     /// Mount options: the cache directory, bounded explicitly (a nearly full filesystem
     /// would otherwise bound it at 0), and small parts, so the sample spans many.
+    /// Whole-file entries off: these tests are about the parts (a restart would otherwise
+    /// serve the pack from its file entry, [`a_remote_pack_read_once_is_served_whole_by_the_kernel_after_a_restart`]).
     fn opts(cache: &Path) -> Vec<String> {
-        vec![format!("--disk-cache={}", cache.display()), "--disk-cache-gb=1".into(), "--remote-part-mb=1".into(), "--cache-mb=1".into()]
+        vec![
+            format!("--disk-cache={}", cache.display()),
+            "--disk-cache-gb=1".into(),
+            "--remote-part-mb=1".into(),
+            "--cache-mb=1".into(),
+            "--disk-cache-files=off".into(),
+        ]
     }
 
     /// The expert pack of the local sample.
     fn local_pack() -> Vec<u8> {
         std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap()
     }
+}
+
+/// A view file made of remote source ranges (the expert pack over `s3://`), read whole once,
+/// is kept whole in the disk cache as computed files are: a restart hands it to the kernel
+/// (FUSE passthrough) and reads neither the network nor the fetched parts. A replaced
+/// object (a new ETag) never meets that entry.
+#[test]
+fn a_remote_pack_read_once_is_served_whole_by_the_kernel_after_a_restart() {
+    require_fuse();
+    let (fx, s3) = sample_in_s3();
+    let env = s3_env(&s3);
+    let cache = tmp();
+    let opts = [format!("--disk-cache={}", cache.path().display()), "--disk-cache-gb=1".into(), "--remote-part-mb=1".into()];
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let (url, want) = (CachedPack::URL, CachedPack::local_pack());
+    assert!(want.len() >= 1 << 20, "the sample's pack is too small for a file entry");
+    let stats = |mnt: &Path| -> Value { serde_json::from_slice(&std::fs::read(mnt.join(".xpackfs/stats.json")).unwrap()).unwrap() };
+    let mount = |want: &[u8], settle: bool| -> Value {
+        let mnt = tmp();
+        let mut args = vec!["mount", url, mnt.path().to_str().unwrap()];
+        args.extend_from_slice(&opts);
+        let o = xpackfs(&env, &args);
+        assert!(o.status.success(), "mount {url}: {}", String::from_utf8_lossy(&o.stderr));
+        let pack = mnt.path().join("sample-moe.pack");
+        assert!(std::fs::read(&pack).unwrap() == want, "the pack differs");
+        if settle {
+            wait_until("the pack's file entry to be written", Duration::from_secs(60), || {
+                stats(mnt.path())["passthrough"]["file_entries_pending"].as_u64() == Some(0)
+                    && stats(mnt.path())["disk_cache"]["file_writes"].as_u64() > Some(0)
+            });
+        }
+        let out = run_ok(python().arg("-c").arg(ODIRECT_AND_MMAP).arg(&pack));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), sha256_hex(want), "O_DIRECT / mmap of the pack");
+        let s = stats(mnt.path());
+        umount(mnt.path());
+        s
+    };
+
+    let s1 = mount(&want, true);
+    assert!(s1["remote"]["bytes"].as_u64().unwrap() > 0, "{s1}");
+    assert_eq!(s1["disk_cache"]["file_writes"].as_u64(), Some(1), "{s1}");
+    // The restart: the kernel reads the file entry; no GET of data, no byte through the
+    // daemon (the mount still reads the GGUF's header, from the fetched parts on disk).
+    let s2 = mount(&want, false);
+    assert!(s2["passthrough"]["opens"].as_u64().unwrap() >= 1, "not passed through: {s2}");
+    assert_eq!(s2["remote"]["bytes"], 0, "{s2}");
+    assert_eq!(s2["bytes_served"], 0, "read through the daemon, not from the file entry: {s2}");
+
+    // A new version of the object: another key, so the old entry is never served.
+    let mut other = std::fs::read(sample()).unwrap();
+    let n = other.len();
+    for b in &mut other[n - 4096..] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(fx.path().join("other.gguf"), &other).unwrap();
+    let put = python()
+        .arg(repo().join("tools/peers/remote/servers.py"))
+        .args([
+            "s3-put",
+            "--endpoint",
+            &s3.get("endpoint"),
+            "--bucket",
+            "bkt",
+            "--key",
+            "m/sample-moe.gguf",
+            "--file",
+            fx.path().join("other.gguf").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    let local_other = tmp();
+    std::fs::write(local_other.path().join("sample-moe.gguf"), &other).unwrap();
+    let want_other = std::fs::read(materialize(&[], local_other.path().join("sample-moe.gguf").to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    assert!(want_other != want);
+    let s3stats = mount(&want_other, false);
+    // (Its bytes were checked above, buffered, O_DIRECT and mmap: the first read went to
+    // the network, and the new version got an entry of its own, which the later opens used.)
+    assert!(s3stats["remote"]["bytes"].as_u64().unwrap() > 0, "{s3stats}");
+    assert!(s3stats["disk_cache"]["file_misses"].as_u64().unwrap() >= 1, "{s3stats}");
 }
 
 /// Two mounts of one object at the same time, one cache directory (SGLang's tensor-parallel

@@ -331,6 +331,15 @@ impl SourceFile {
         }
     }
 
+    /// Whether `[offset, offset + len)` reads without the network: always for a local file;
+    /// for a remote one, when every part holding it is in memory or in the disk cache.
+    pub fn kept(&self, offset: u64, len: u64) -> bool {
+        match &self.inner {
+            Inner::Local(_) => true,
+            Inner::Remote(o) => o.kept(offset, len),
+        }
+    }
+
     /// Have `[offset, offset + len)` of a remote file fetched ahead of its reader (nothing
     /// for a local file); `false` when no more read-ahead can be queued now.
     pub fn prefetch(&self, offset: u64, len: u64) -> bool {

@@ -21,6 +21,9 @@ impl DiskTier for FetchedParts {
     fn get_into(&self, object: u128, offset: u64, buf: &mut [u8]) -> bool {
         self.0.get_into(&key(object, offset, buf.len()), buf)
     }
+    fn contains(&self, object: u128, offset: u64, len: usize) -> bool {
+        self.0.contains(&key(object, offset, len), len as u64)
+    }
     fn put(&self, object: u128, offset: u64, bytes: &[u8]) {
         self.0.put(&key(object, offset, bytes.len()), bytes);
     }

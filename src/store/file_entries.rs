@@ -1,4 +1,4 @@
-//! Whole files of a computed view in the disk cache ("file entries", stored and checked by
+//! Whole files of a view in the disk cache ("file entries", stored and checked by
 //! [`super::disk`]): which files get one and under what key, writing them from the
 //! view's own bytes, and finding them again. A view file is seen through [`StoredFile`]
 //! (what its bytes are made of, and a way to read them), which `view::VirtualFile`
@@ -8,10 +8,14 @@
 //! costs two extra copies and a round trip per request (a FUSE mount reads at about half the
 //! speed of a local file here, even with every byte in memory). A file kept whole can be
 //! handed to the kernel instead (FUSE passthrough, in `serve/`): after a restart the mount
-//! reads at local-disk speed. `xpackfs warm` writes the file entries of the files it warms;
-//! a mount writes one in the background once a file was read and every one of its chunks is
-//! in the disk cache. Chunk entries stay: reads without passthrough (and `materialize`) use
-//! them; those of a file served whole are no longer read and age out first.
+//! reads at local-disk speed. The files that get one are those whose bytes cost work to
+//! make again: computed chunks kept in the disk cache, or ranges of a remote source (an
+//! expert pack over `s3://` is all source ranges: its second mount would otherwise read it
+//! through the daemon from fetched parts, at under half a local copy's speed). `xpackfs
+//! warm` writes the file entries of the files it warms; a mount writes one in the
+//! background once a file was read and every one of its chunks and remote parts is in the
+//! disk cache. Chunk and part entries stay: reads without passthrough (and `materialize`)
+//! use them; those of a file served whole are no longer read and age out first.
 //!
 //! The key is a digest of everything the file's bytes are made of, in order: its literal
 //! bytes, zero runs, source ranges (with the source file's identity, as chunk keys hold it)
@@ -96,8 +100,14 @@ fn any_part(f: &dyn StoredFile, mut pred: impl FnMut(Part<'_>) -> bool) -> bool 
 }
 
 fn compute_key(f: &dyn StoredFile) -> Option<DiskKey> {
-    // Cheap refusals first: mounts ask for every file's key at start-up.
-    let persistent = any_part(f, |p| matches!(p, Part::Chunk { chunks, .. } if chunks.persistent()));
+    // Cheap refusals first: mounts ask for every file's key at start-up. A file is kept
+    // whole if some of its bytes cost work to make again: computed chunks kept in the disk
+    // cache, or ranges of a remote source (their fetched parts are kept there too).
+    let persistent = any_part(f, |p| match p {
+        Part::Chunk { chunks, .. } => chunks.persistent(),
+        Part::Source { file, .. } => file.is_remote(),
+        _ => false,
+    });
     if !persistent || f.is_derived() || f.size() < MIN_FILE_BYTES {
         return None;
     }
@@ -125,13 +135,15 @@ fn compute_key(f: &dyn StoredFile) -> Option<DiskKey> {
     b.map(KeyBuilder::finish)
 }
 
-/// Whether every chunk of `f` kept in the disk cache is in memory or on disk (its size
-/// checked, nothing read): its file entry is then written without computing anything.
+/// Whether every chunk of `f` kept in the disk cache is in memory or on disk, and every
+/// range of a remote source in fetched parts in memory or on disk (sizes checked, nothing
+/// read): its file entry is then written without computing or fetching anything.
 pub fn nothing_to_compute(f: &dyn StoredFile, disk: &DiskCache) -> bool {
     !any_part(f, |p| match p {
         Part::Chunk { chunks, id, len } if chunks.persistent() => {
             !(chunks.ready(id) || chunks.disk_key(id).is_some_and(|k| len <= MAX_ENTRY_BYTES && disk.contains(&k, len)))
         }
+        Part::Source { file, offset, len } if file.is_remote() => !file.kept(offset, len),
         _ => false,
     })
 }

@@ -25,9 +25,10 @@ pub struct Options {
     /// low priority, yielding to reads (needs disk_cache)
     #[arg(long, default_value = "off", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Chunk caches")]
     pub prewarm: bool,
-    /// on|off: files of a computed view are also kept whole in the disk cache (after `warm`,
-    /// or once a mount read every chunk of one), and a mount hands those to the kernel (FUSE
-    /// passthrough, as root): reads at local-disk speed. Costs the file's bytes again on disk
+    /// on|off: files of a computed view, and view files over a remote source, are also kept
+    /// whole in the disk cache (after `warm`, or once a mount read every chunk or fetched
+    /// part of one), and a mount hands those to the kernel (FUSE passthrough, as root):
+    /// reads at local-disk speed. Costs the file's bytes again on disk
     #[arg(long, default_value = "on", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Chunk caches")]
     pub disk_cache_files: bool,
     /// Threads that compute chunks (default: the CPU count)

@@ -265,3 +265,27 @@ pub fn drop_cached(path: &Path) {
     // SAFETY: fadvise on an open descriptor, whole file.
     assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
 }
+
+/// Prints the sha256 of a file read with O_DIRECT (aligned buffers), then checks an mmap of
+/// it gives the same bytes.
+pub const ODIRECT_AND_MMAP: &str = r#"
+import hashlib, mmap, os, sys
+p = sys.argv[1]
+size = os.path.getsize(p)
+fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 1 << 20)
+h, off = hashlib.sha256(), 0
+while off < size:
+    n = os.preadv(fd, [buf], off)
+    h.update(buf[:n]); off += n
+os.close(fd)
+with open(p, "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    assert hashlib.sha256(m).hexdigest() == h.hexdigest(), "mmap differs from O_DIRECT"
+print(h.hexdigest())
+"#;
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}

@@ -404,6 +404,11 @@ impl RemoteObject {
         parts::resident(self.id, self.fetch.meta.size, offset, len)
     }
 
+    /// Whether reading `[offset, offset + len)` costs no GET ([`parts::kept`]).
+    pub fn kept(&self, offset: u64, len: u64) -> bool {
+        parts::kept(self.id, self.fetch.meta.size, offset, len)
+    }
+
     /// Have `[offset, offset + len)` fetched ahead ([`parts::prefetch`]); `false` when the
     /// read-ahead queue is full.
     pub fn prefetch(&self, offset: u64, len: u64) -> bool {

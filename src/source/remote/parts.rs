@@ -88,6 +88,9 @@ pub trait DiskTier: Send + Sync {
     /// The object's `buf.len()` bytes at `offset` (a part) read into `buf`, if held and
     /// intact: whether they were (if not, `buf` holds anything).
     fn get_into(&self, object: u128, offset: u64, buf: &mut [u8]) -> bool;
+    /// Whether the object's `len` bytes at `offset` (a part) are held (present with that
+    /// length; not read, not verified: [`DiskTier::get_into`] verifies).
+    fn contains(&self, object: u128, offset: u64, len: usize) -> bool;
     /// Keep a part (best effort: failures are the tier's to log).
     fn put(&self, object: u128, offset: u64, bytes: &[u8]);
 }
@@ -348,11 +351,41 @@ pub(crate) fn resident(object: u128, size: u64, offset: u64, len: u64) -> bool {
     parts().resident(object, size, offset, len)
 }
 
+/// Whether every part holding `[offset, offset + len)` is in memory or in the disk tier,
+/// so reading the range costs no GET (a part on disk is checked when read).
+pub(crate) fn kept(object: u128, size: u64, offset: u64, len: u64) -> bool {
+    parts().kept(object, size, offset, len)
+}
+
 /// Have the parts holding `[offset, offset + len)` fetched ahead, after what is queued,
 /// unless held, being fetched or queued already. `false` when the read-ahead queue is full
 /// (the rest is left to the readers' own windows).
 pub(crate) fn prefetch(object: u128, fetch: &Fetch, offset: u64, len: u64) -> bool {
     parts().prefetch(object, fetch, offset, len)
+}
+
+/// Where the slowest live stream of `object` is (its next byte). A stream that has not read
+/// for [`STREAM_IDLE`] has stopped and counts for nothing; one without a window yet may be a
+/// run of a view's reader that waits behind another run (the pack's gate slices behind its
+/// up and down slices) and still needs the parts it is in, unless it holds no parts and has
+/// not read for [`SHORT_IDLE`]: a header's reads at mount, which would otherwise keep every
+/// part of a read starting just after from reuse. `None`: no live stream.
+fn slowest_stream(st: &State, object: u128, ps: u64, now: std::time::Instant) -> Option<u64> {
+    st.streams
+        .get(&object)?
+        .iter()
+        .filter(|s| {
+            let idle = now.duration_since(s.at);
+            idle < STREAM_IDLE && (idle < SHORT_IDLE || s.holds_parts(ps))
+        })
+        .map(|s| s.next)
+        .min()
+}
+
+/// Whether part `key` lies a part or more behind `low`, the slowest live stream of its
+/// object ([`slowest_stream`]): no reader will read it again, short of a jump back.
+fn passed(key: PartKey, ps: u64, low: u64) -> bool {
+    (key.index + 2) * ps <= low
 }
 
 impl Parts {
@@ -771,23 +804,8 @@ impl Parts {
     /// time in a cold sequential read over S3. `None`: fresh memory it is.
     fn recycle(&self, st: &mut State, len: u64) -> Option<Vec<u8>> {
         let ps = self.config.part_size.max(1);
-        // Per object, where its slowest live stream is (a stream that has not read for
-        // STREAM_IDLE has stopped and protects nothing; one without a window yet may be a
-        // run of a view's reader that waits behind another run, the pack's gate slices
-        // behind its up and down slices, and still needs the parts it is in, unless it
-        // holds no parts and has not read for SHORT_IDLE: a header's reads at mount, which
-        // would otherwise keep every part of a read that starts just after from reuse).
         let now = std::time::Instant::now();
-        let mut slowest: HashMap<u128, u64> = HashMap::new();
-        for (object, streams) in &st.streams {
-            let live = streams.iter().filter(|s| {
-                let idle = now.duration_since(s.at);
-                idle < STREAM_IDLE && (idle < SHORT_IDLE || s.holds_parts(ps))
-            });
-            if let Some(low) = live.map(|s| s.next).min() {
-                slowest.insert(*object, low);
-            }
-        }
+        let slowest: HashMap<u128, u64> = st.streams.keys().filter_map(|&object| Some((object, slowest_stream(st, object, ps, now)?))).collect();
         let victim = st
             .slots
             .iter()
@@ -796,7 +814,7 @@ impl Parts {
                     if h.consumed
                         && h.bytes.len() as u64 == len
                         && Arc::strong_count(&h.bytes) == 1
-                        && slowest.get(&k.object).is_some_and(|&low| (k.index + 2) * ps <= low) =>
+                        && slowest.get(&k.object).is_some_and(|&low| passed(*k, ps, low)) =>
                 {
                     Some((h.tick, *k))
                 }
@@ -876,6 +894,19 @@ impl Parts {
         (offset / ps..=(end - 1) / ps).all(|index| matches!(st.slots.get(&PartKey { object, index }), Some(Slot::Ready(_))))
     }
 
+    fn kept(&self, object: u128, size: u64, offset: u64, len: u64) -> bool {
+        let ps = self.config.part_size.max(1);
+        let end = offset.saturating_add(len).min(size);
+        if offset >= end {
+            return true;
+        }
+        let disk = DISK.get();
+        (offset / ps..=(end - 1) / ps).all(|index| {
+            let in_memory = matches!(self.state.lock().slots.get(&PartKey { object, index }), Some(Slot::Ready(_)));
+            in_memory || disk.is_some_and(|d| d.contains(object, index * ps, part_len(size, ps, index) as usize))
+        })
+    }
+
     fn ahead_bytes(&self, object: u128, offset: u64) -> u64 {
         let mut st = self.state.lock();
         let share = self.share(&mut st);
@@ -953,6 +984,12 @@ impl Parts {
             }
             let size = job.object.meta.size;
             let ps = self.config.part_size.max(1);
+            // Queued for a reader that has gone past it meanwhile (its own reads fetched
+            // what it needed): fetched now, it would be the first part recycled.
+            if slowest_stream(&st, job.key.object, ps, std::time::Instant::now()).is_some_and(|low| passed(job.key, ps, low)) {
+                self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let len = part_len(size, ps, job.key.index);
             // Read-ahead keeps a part free per live stream: when that alone fills the budget,
             // nothing is fetched ahead (and no passed part is taken for it).
