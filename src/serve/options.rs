@@ -78,9 +78,10 @@ pub struct ServeOptions {
     /// on|off: FUSE_ASYNC_DIO, the kernel sends the requests of one large O_DIRECT read at once
     #[arg(long, default_value = "on", value_parser = switch, action = clap::ArgAction::Set, help_heading = "Serving")]
     pub async_dio: bool,
-    /// auto|off: files that are whole source files (INT8 tree mounts) are read by the kernel
-    /// straight from the source with FUSE passthrough (kernel 6.9+, root); auto falls back to
-    /// reads through the daemon where unavailable
+    /// auto|off: files that are whole source files (INT8 tree mounts), and files kept whole
+    /// in the disk cache (disk_cache_files), are read by the kernel straight from the file
+    /// with FUSE passthrough (kernel 6.9+, root); auto falls back to reads through the daemon
+    /// where unavailable
     #[arg(long, default_value = "auto", value_parser = passthrough, action = clap::ArgAction::Set, help_heading = "Serving")]
     pub passthrough: bool,
     /// on|off: /.xpackfs/stats.json (default on; off for views whose root must hold nothing
