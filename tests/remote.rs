@@ -790,7 +790,7 @@ fn a_remote_pack_read_once_is_served_whole_by_the_kernel_after_a_restart() {
     assert!(want_other != want);
     let s3stats = mount(&want_other, false);
     // (Its bytes were checked above, buffered, O_DIRECT and mmap: the first read went to
-    // the network, and the new version got an entry of its own, which the later opens used.)
+    // the network, and the old version's entry, under another key, was not found.)
     assert!(s3stats["remote"]["bytes"].as_u64().unwrap() > 0, "{s3stats}");
     assert!(s3stats["disk_cache"]["file_misses"].as_u64().unwrap() >= 1, "{s3stats}");
 }

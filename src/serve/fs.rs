@@ -311,7 +311,7 @@ impl Fs {
     }
 
     /// The last non-passthrough handle of `ino` was closed: write its file entry behind if
-    /// every chunk of it is in the disk cache.
+    /// every chunk and remote part of it is in memory or in the disk cache.
     pub fn closed(&self, ino: Ino) {
         if let (Some(files), Some(f)) = (&self.files, self.vfile(ino)) {
             files.write_behind(f.clone());

@@ -274,7 +274,8 @@ impl Filesystem for FuseAdapter {
 
     fn release(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock_owner: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
         // The last handle of an inode closes its backing id; the last one through the daemon
-        // may leave a file whose chunks are all on disk: its file entry is written behind.
+        // may leave a file whose chunks and remote parts are all kept: its file entry is
+        // written behind.
         let last_cached = self.passthrough.release(ino.0, fh.0);
         self.fs.release(fh.0 & !DIRECT_FH);
         reply.ok();

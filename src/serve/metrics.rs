@@ -84,7 +84,11 @@ pub fn registry(stats: &Stats, tiers: Arc<Tiers>, files: usize, entries: Option<
         v.push(("remote_prefetch_hits", "Reads of remote parts that read-ahead had fetched", C(parts.prefetch_hits)));
         v.push(("remote_direct_reads", "Remote reads served by a GET of their own range (no sequential stream)", C(parts.direct_reads)));
         v.push(("remote_window_resets", "Remote reads that broke a sequential stream with a read-ahead window", C(parts.window_resets)));
-        v.push(("remote_prefetch_skipped", "Remote read-ahead not started for want of memory or queue room", C(parts.prefetch_skipped)));
+        v.push((
+            "remote_prefetch_skipped",
+            "Remote read-ahead not started: for want of memory or queue room, or its readers had gone past the part",
+            C(parts.prefetch_skipped),
+        ));
         v.push(("remote_parts_recycled", "Remote parts every sequential reader had passed, their memory taken over by a new part", C(parts.parts_recycled)));
         v.push(("remote_pressed_reads", "Remote reads served by GETs of their own range (no room in the memory budget)", C(parts.pressed_reads)));
         v.push(("remote_parts_in_flight", "Remote part GETs in flight now", g(parts.in_flight)));

@@ -340,6 +340,22 @@ impl SourceFile {
         }
     }
 
+    /// Whether this is a remote object with a pinned version (see
+    /// [`super::remote::RemoteObject::pinned`]).
+    pub fn is_pinned_remote(&self) -> bool {
+        matches!(&self.inner, Inner::Remote(o) if o.pinned())
+    }
+
+    /// [`SourceFile::read_exact_at`] for work no client waits for: a remote file's bytes come
+    /// only from what was already fetched (memory or the disk cache), never the network,
+    /// and its parts tier is left as it was (no stream, no read-ahead): an error otherwise.
+    pub fn read_exact_at_kept(&self, buf: &mut [u8], offset: u64) -> Result<(), SourceError> {
+        match &self.inner {
+            Inner::Local(_) => self.read_exact_at(buf, offset),
+            Inner::Remote(o) => Ok(o.read_kept(buf, offset)?),
+        }
+    }
+
     /// Have `[offset, offset + len)` of a remote file fetched ahead of its reader (nothing
     /// for a local file); `false` when no more read-ahead can be queued now.
     pub fn prefetch(&self, offset: u64, len: u64) -> bool {

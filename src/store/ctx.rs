@@ -31,8 +31,10 @@ pub struct ReadCtx {
     pub direct: bool,
     /// Chunks read may enter the memory tier (and a hit refreshes its place in the LRU).
     pub memory: bool,
-    /// A chunk of the disk tier's in no cache may be computed; if not, the read fails
-    /// instead (chunks kept in memory only, source bytes after a check, are always read).
+    /// A chunk of the disk tier's in no cache may be computed, and a remote source's bytes
+    /// not fetched yet may be fetched; if not, the read fails instead (chunks kept in memory
+    /// only, and local source bytes, are always read; remote bytes already fetched are read
+    /// from memory or the disk cache without touching the parts tier's streams or memory).
     pub compute: bool,
 }
 

@@ -9,13 +9,15 @@
 //! speed of a local file here, even with every byte in memory). A file kept whole can be
 //! handed to the kernel instead (FUSE passthrough, in `serve/`): after a restart the mount
 //! reads at local-disk speed. The files that get one are those whose bytes cost work to
-//! make again: computed chunks kept in the disk cache, or ranges of a remote source (an
-//! expert pack over `s3://` is all source ranges: its second mount would otherwise read it
-//! through the daemon from fetched parts, at under half a local copy's speed). `xpackfs
-//! warm` writes the file entries of the files it warms; a mount writes one in the
-//! background once a file was read and every one of its chunks and remote parts is in the
-//! disk cache. Chunk and part entries stay: reads without passthrough (and `materialize`)
-//! use them; those of a file served whole are no longer read and age out first.
+//! make again: computed chunks kept in the disk cache, or ranges of a remote source with a
+//! pinned version (an expert pack over `s3://` is all source ranges: its second mount would
+//! otherwise read it through the daemon from fetched parts, at under half a local copy's
+//! speed). `xpackfs warm` writes the file entries of the files it warms; a mount writes one
+//! in the background once a file was read and every one of its chunks and remote parts is
+//! in memory or in the disk cache, reading them from there only (never computing, never
+//! fetching: see `ReadCtx::compute`). Chunk and part entries stay: reads without
+//! passthrough (and `materialize`) use them; those of a file served whole are no longer
+//! read and age out first.
 //!
 //! The key is a digest of everything the file's bytes are made of, in order: its literal
 //! bytes, zero runs, source ranges (with the source file's identity, as chunk keys hold it)
@@ -105,7 +107,9 @@ fn compute_key(f: &dyn StoredFile) -> Option<DiskKey> {
     // cache, or ranges of a remote source (their fetched parts are kept there too).
     let persistent = any_part(f, |p| match p {
         Part::Chunk { chunks, .. } => chunks.persistent(),
-        Part::Source { file, .. } => file.is_remote(),
+        // (Pinned only: an object without an ETag, version or digest could be replaced by
+        // one of the same size, which a key could not tell apart.)
+        Part::Source { file, .. } => file.is_pinned_remote(),
         _ => false,
     });
     if !persistent || f.is_derived() || f.size() < MIN_FILE_BYTES {
@@ -139,13 +143,31 @@ fn compute_key(f: &dyn StoredFile) -> Option<DiskKey> {
 /// range of a remote source in fetched parts in memory or on disk (sizes checked, nothing
 /// read): its file entry is then written without computing or fetching anything.
 pub fn nothing_to_compute(f: &dyn StoredFile, disk: &DiskCache) -> bool {
-    !any_part(f, |p| match p {
+    // Remote ranges are gathered and merged first: a view's extents cut a part into many
+    // (a pack's slices), and each part is checked once.
+    let mut remote: Vec<(*const SourceFile, Arc<SourceFile>, u64, u64)> = Vec::new();
+    let chunk_missing = any_part(f, |p| match p {
         Part::Chunk { chunks, id, len } if chunks.persistent() => {
             !(chunks.ready(id) || chunks.disk_key(id).is_some_and(|k| len <= MAX_ENTRY_BYTES && disk.contains(&k, len)))
         }
-        Part::Source { file, offset, len } if file.is_remote() => !file.kept(offset, len),
+        Part::Source { file, offset, len } if file.is_remote() => {
+            remote.push((Arc::as_ptr(file), file.clone(), offset, len));
+            false
+        }
         _ => false,
-    })
+    });
+    if chunk_missing {
+        return false;
+    }
+    remote.sort_by_key(|(p, _, o, _)| (*p, *o));
+    let mut merged: Vec<(Arc<SourceFile>, u64, u64)> = Vec::new();
+    for (_, file, offset, len) in remote {
+        match merged.last_mut() {
+            Some((f, _, end)) if Arc::ptr_eq(f, &file) && offset <= *end => *end = (*end).max(offset + len),
+            _ => merged.push((file, offset, offset + len)),
+        }
+    }
+    merged.iter().all(|(file, start, end)| file.kept(*start, end - start))
 }
 
 /// File entries of one disk cache: written, found, and written behind by a background
@@ -227,8 +249,9 @@ impl FileEntries {
         write(&self.disk, f, ctx)
     }
 
-    /// Write `f`'s file entry in the background if none of its chunks needs computing (a
-    /// mount calls this when a file's last handle is closed).
+    /// Write `f`'s file entry in the background if none of its chunks needs computing and
+    /// none of its remote parts fetching (a mount calls this when a file's last handle is
+    /// closed).
     pub fn write_behind(&self, f: Arc<dyn StoredFile>) {
         let (Some(queue), Some(k)) = (&self.queue, key(&*f)) else { return };
         if self.disk.has_file(&k, f.size()) || !self.pending.lock().insert(k) {

@@ -233,7 +233,10 @@ impl VirtualFile {
                 Extent::Bytes(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
                 Extent::Zeros(_) => out.fill(0),
                 Extent::Source { file, offset: src, .. } => {
-                    if ctx.direct {
+                    if !ctx.compute {
+                        // A read that computes nothing fetches nothing either.
+                        file.read_exact_at_kept(out, src + within)?;
+                    } else if ctx.direct {
                         file.read_exact_at_direct(out, src + within)?;
                     } else {
                         file.read_exact_at(out, src + within)?;

@@ -409,6 +409,25 @@ impl RemoteObject {
         parts::kept(self.id, self.fetch.meta.size, offset, len)
     }
 
+    /// Fill `buf` from `offset` with bytes already fetched only ([`parts::read_kept`]):
+    /// an error naming the object when some are not.
+    pub fn read_kept(&self, buf: &mut [u8], offset: u64) -> Result<(), RemoteError> {
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.size()) || !parts::read_kept(self.id, self.size(), offset, buf) {
+            return Err(RemoteError::Failed {
+                url: self.url.clone(),
+                cause: format!("{} bytes at {offset} are not in memory or in the disk cache (not fetched for work no client waits for)", buf.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the object's version is pinned (an ETag, a version id or a content digest):
+    /// without one, a replacement of the same size could not be told from it.
+    pub fn pinned(&self) -> bool {
+        let p = &self.fetch.meta.pin;
+        p.etag.is_some() || p.version.is_some() || p.sha256.is_some()
+    }
+
     /// Have `[offset, offset + len)` fetched ahead ([`parts::prefetch`]); `false` when the
     /// read-ahead queue is full.
     pub fn prefetch(&self, offset: u64, len: u64) -> bool {

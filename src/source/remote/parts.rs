@@ -276,7 +276,8 @@ pub struct Snapshot {
     pub direct_reads: u64,
     /// Reads that broke a stream with a window (it started over).
     pub window_resets: u64,
-    /// Read-ahead not started for want of memory.
+    /// Read-ahead not started: for want of memory, with the queue full, or for a part its
+    /// readers had gone past by then.
     pub prefetch_skipped: u64,
     /// Part GETs in flight now.
     pub in_flight: u64,
@@ -357,6 +358,20 @@ pub(crate) fn kept(object: u128, size: u64, offset: u64, len: u64) -> bool {
     parts().kept(object, size, offset, len)
 }
 
+/// Fill `buf` from `offset` with bytes already fetched, for work no client waits for (a
+/// file entry written behind): from parts in memory, else from the disk tier (through a
+/// one-part buffer per thread, so consecutive reads of a part read it from disk once).
+/// No GET, no stream, no read-ahead, nothing added to memory: `false` (with `buf` holding
+/// anything) when a part is in neither.
+pub(crate) fn read_kept(object: u128, size: u64, offset: u64, buf: &mut [u8]) -> bool {
+    parts().read_kept(object, size, offset, buf)
+}
+
+thread_local! {
+    /// [`read_kept`]'s last part read from the disk tier.
+    static KEPT_PART: std::cell::RefCell<Option<(PartKey, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Have the parts holding `[offset, offset + len)` fetched ahead, after what is queued,
 /// unless held, being fetched or queued already. `false` when the read-ahead queue is full
 /// (the rest is left to the readers' own windows).
@@ -386,6 +401,26 @@ fn slowest_stream(st: &State, object: u128, ps: u64, now: std::time::Instant) ->
 /// object ([`slowest_stream`]): no reader will read it again, short of a jump back.
 fn passed(key: PartKey, ps: u64, low: u64) -> bool {
     (key.index + 2) * ps <= low
+}
+
+/// Whether a stream that read within [`STREAM_IDLE`] is in part `key` or about to read it
+/// (from the part its latest read started in through the part of its next byte), counted
+/// or not by [`slowest_stream`]: such a part is never taken for another.
+fn in_use(st: &State, key: PartKey, ps: u64, now: std::time::Instant) -> bool {
+    st.streams
+        .get(&key.object)
+        .is_some_and(|streams| streams.iter().any(|s| now.duration_since(s.at) < STREAM_IDLE && s.last / ps <= key.index && key.index <= s.next / ps))
+}
+
+/// Whether read-ahead of part `key` is too late: every live stream of its object is past
+/// it ([`passed`]) and one of them went through it (a part below where every stream
+/// started may be one a view's reader has yet to reach, as a run placed earlier in the
+/// object than the runs read so far).
+fn gone_past(st: &State, key: PartKey, ps: u64, now: std::time::Instant) -> bool {
+    slowest_stream(st, key.object, ps, now).is_some_and(|low| passed(key, ps, low))
+        && st.streams.get(&key.object).is_some_and(|streams| {
+            streams.iter().any(|s| now.duration_since(s.at) < STREAM_IDLE && s.start <= key.index * ps && (key.index + 1) * ps <= s.next)
+        })
 }
 
 impl Parts {
@@ -498,7 +533,7 @@ impl Parts {
                 filled += n;
                 continue;
             }
-            match DISK.get().and_then(|d| {
+            match DISK.get().filter(|d| d.contains(object, index * ps, len)).and_then(|d| {
                 let mut part = vec![0u8; len];
                 d.get_into(object, index * ps, &mut part).then_some(part)
             }) {
@@ -627,6 +662,10 @@ impl Parts {
             if let Some(Slot::Ready(h)) = self.state.lock().slots.get(&key) {
                 v.push(h.bytes.clone());
                 continue;
+            }
+            // Absent (the common case for a short read): no part-sized buffer made for it.
+            if !disk.contains(object, index * ps, len as usize) {
+                return None;
             }
             let mut bytes = crate::util::populated_zeroed(len as usize);
             if !disk.get_into(object, index * ps, &mut bytes) {
@@ -814,7 +853,8 @@ impl Parts {
                     if h.consumed
                         && h.bytes.len() as u64 == len
                         && Arc::strong_count(&h.bytes) == 1
-                        && slowest.get(&k.object).is_some_and(|&low| passed(*k, ps, low)) =>
+                        && slowest.get(&k.object).is_some_and(|&low| passed(*k, ps, low))
+                        && !in_use(st, *k, ps, now) =>
                 {
                     Some((h.tick, *k))
                 }
@@ -900,11 +940,56 @@ impl Parts {
         if offset >= end {
             return true;
         }
-        let disk = DISK.get();
-        (offset / ps..=(end - 1) / ps).all(|index| {
-            let in_memory = matches!(self.state.lock().slots.get(&PartKey { object, index }), Some(Slot::Ready(_)));
-            in_memory || disk.is_some_and(|d| d.contains(object, index * ps, part_len(size, ps, index) as usize))
-        })
+        // Memory under one lock; the disk tier's checks (a `stat` each) outside it.
+        let missing: Vec<u64> = {
+            let st = self.state.lock();
+            (offset / ps..=(end - 1) / ps).filter(|&index| !matches!(st.slots.get(&PartKey { object, index }), Some(Slot::Ready(_)))).collect()
+        };
+        missing.is_empty() || DISK.get().is_some_and(|d| missing.iter().all(|&index| d.contains(object, index * ps, part_len(size, ps, index) as usize)))
+    }
+
+    fn read_kept(&self, object: u128, size: u64, offset: u64, buf: &mut [u8]) -> bool {
+        let ps = self.config.part_size.max(1);
+        let mut filled = 0usize;
+        while filled < buf.len() {
+            let at = offset + filled as u64;
+            let key = PartKey { object, index: at / ps };
+            let from = (at - key.index * ps) as usize;
+            let len = part_len(size, ps, key.index) as usize;
+            if from >= len {
+                return false;
+            }
+            let n = (len - from).min(buf.len() - filled);
+            let dst = &mut buf[filled..filled + n];
+            let held = match self.state.lock().slots.get(&key) {
+                Some(Slot::Ready(h)) => Some(h.bytes.clone()),
+                _ => None,
+            };
+            let ok = match held {
+                Some(part) => {
+                    dst.copy_from_slice(&part[from..from + n]);
+                    true
+                }
+                None => KEPT_PART.with_borrow_mut(|last| {
+                    if last.as_ref().is_none_or(|(k, _)| *k != key) {
+                        let mut b = last.take().map(|(_, b)| b).filter(|b| b.len() == len).unwrap_or_else(|| vec![0u8; len]);
+                        if !DISK.get().is_some_and(|d| d.get_into(object, key.index * ps, &mut b)) {
+                            return false;
+                        }
+                        self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
+                        *last = Some((key, b));
+                    }
+                    let Some((_, part)) = last.as_ref() else { return false };
+                    dst.copy_from_slice(&part[from..from + n]);
+                    true
+                }),
+            };
+            if !ok {
+                return false;
+            }
+            filled += n;
+        }
+        true
     }
 
     fn ahead_bytes(&self, object: u128, offset: u64) -> u64 {
@@ -986,7 +1071,7 @@ impl Parts {
             let ps = self.config.part_size.max(1);
             // Queued for a reader that has gone past it meanwhile (its own reads fetched
             // what it needed): fetched now, it would be the first part recycled.
-            if slowest_stream(&st, job.key.object, ps, std::time::Instant::now()).is_some_and(|low| passed(job.key, ps, low)) {
+            if gone_past(&st, job.key, ps, std::time::Instant::now()) {
                 self.counters.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -1384,6 +1469,41 @@ mod tests {
         let snap = p.snapshot();
         assert!(snap.parts_recycled >= 16, "{snap:?}");
         assert!(snap.parts_fetched <= 44 + 2, "each part fetched once: {snap:?}");
+    }
+
+    #[test]
+    fn read_kept_serves_fetched_bytes_only_and_leaves_the_tier_as_it_was() {
+        let ps = 64u64 << 10;
+        let p = tier(ps, 64 << 20, 2, 4);
+        let len = 16 * ps as usize + 100;
+        let (fake, fetch) = object(len, 23);
+        // The first half read by a client (reads of half a part: fetched as parts, held).
+        for at in (0..8 * ps).step_by(32 << 10) {
+            check(p, 35, &fake, &fetch, at, 32 << 10);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100)); // read-ahead settles
+        let gets = fake.gets.lock().len();
+        let before = p.snapshot();
+        let streams = p.state.lock().streams.get(&35).map_or(0, Vec::len);
+        // Parts the reader passed may have been recycled: the last held run of parts.
+        let resident: Vec<u64> = (0..17).filter(|&i| p.resident(35, len as u64, i * ps, 1)).collect();
+        let last = *resident.last().expect("parts held");
+        let first = (0..=last).rev().take_while(|i| resident.contains(i)).last().unwrap_or(last);
+        assert!(last > first, "{resident:?}");
+        let (from, to) = (first * ps, (last + 1) * ps);
+        assert!(p.kept(35, len as u64, from, to - from));
+        // Held bytes, across part boundaries: served, with no GET and no new stream.
+        let mut buf = vec![0u8; (to - from) as usize - 1000];
+        assert!(p.read_kept(35, len as u64, from + 500, &mut buf));
+        assert!(buf == fake.bytes[from as usize + 500..from as usize + 500 + buf.len()], "bytes differ");
+        // A range with a part never fetched: refused, still without a GET.
+        let mut tail = vec![0u8; 300];
+        assert!(!p.kept(35, len as u64, len as u64 - 300, 300));
+        assert!(!p.read_kept(35, len as u64, len as u64 - 300, &mut tail));
+        assert_eq!(fake.gets.lock().len(), gets, "read_kept fetched");
+        assert_eq!(p.state.lock().streams.get(&35).map_or(0, Vec::len), streams, "read_kept made a stream");
+        let after = p.snapshot();
+        assert_eq!((after.parts_fetched, after.direct_reads, after.memory_used_bytes), (before.parts_fetched, before.direct_reads, before.memory_used_bytes));
     }
 
     #[test]
