@@ -1481,7 +1481,7 @@ mod tests {
         for at in (0..8 * ps).step_by(32 << 10) {
             check(p, 35, &fake, &fetch, at, 32 << 10);
         }
-        std::thread::sleep(std::time::Duration::from_millis(100)); // read-ahead settles
+        std::thread::sleep(std::time::Duration::from_millis(300)); // read-ahead settles
         let gets = fake.gets.lock().len();
         let before = p.snapshot();
         let streams = p.state.lock().streams.get(&35).map_or(0, Vec::len);
