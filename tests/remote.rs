@@ -713,6 +713,36 @@ impl CachedPack {
     fn local_pack() -> Vec<u8> {
         std::fs::read(materialize(&[], sample().to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap()
     }
+
+    /// Replace the object with a new version (its last 4 KiB changed, uploaded through the
+    /// S3 API: a new ETag) made in `dir`; the expert pack of the new version, made locally.
+    fn replace(dir: &Path, s3: &Server) -> Vec<u8> {
+        let mut other = std::fs::read(sample()).unwrap();
+        let n = other.len();
+        for b in &mut other[n - 4096..] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(dir.join("other.gguf"), &other).unwrap();
+        let put = python()
+            .arg(repo().join("tools/peers/remote/servers.py"))
+            .args([
+                "s3-put",
+                "--endpoint",
+                &s3.get("endpoint"),
+                "--bucket",
+                "bkt",
+                "--key",
+                "m/sample-moe.gguf",
+                "--file",
+                dir.join("other.gguf").to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+        let local = tmp();
+        std::fs::write(local.path().join("sample-moe.gguf"), &other).unwrap();
+        std::fs::read(materialize(&[], local.path().join("sample-moe.gguf").to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap()
+    }
 }
 
 /// A view file made of remote source ranges (the expert pack over `s3://`), read whole once,
@@ -762,31 +792,7 @@ fn a_remote_pack_read_once_is_served_whole_by_the_kernel_after_a_restart() {
     assert_eq!(s2["bytes_served"], 0, "read through the daemon, not from the file entry: {s2}");
 
     // A new version of the object: another key, so the old entry is never served.
-    let mut other = std::fs::read(sample()).unwrap();
-    let n = other.len();
-    for b in &mut other[n - 4096..] {
-        *b ^= 0x5a;
-    }
-    std::fs::write(fx.path().join("other.gguf"), &other).unwrap();
-    let put = python()
-        .arg(repo().join("tools/peers/remote/servers.py"))
-        .args([
-            "s3-put",
-            "--endpoint",
-            &s3.get("endpoint"),
-            "--bucket",
-            "bkt",
-            "--key",
-            "m/sample-moe.gguf",
-            "--file",
-            fx.path().join("other.gguf").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
-    let local_other = tmp();
-    std::fs::write(local_other.path().join("sample-moe.gguf"), &other).unwrap();
-    let want_other = std::fs::read(materialize(&[], local_other.path().join("sample-moe.gguf").to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let want_other = CachedPack::replace(fx.path(), &s3);
     assert!(want_other != want);
     let s3stats = mount(&want_other, false);
     // (Its bytes were checked above, buffered, O_DIRECT and mmap: the first read went to
@@ -868,31 +874,7 @@ fn fetched_parts_are_kept_on_disk_across_mounts_checked_and_keyed_by_version() {
     assert!(s3stats["bytes"].as_u64().unwrap() > 0, "damaged entries were not refetched: {s3stats}");
 
     // The object replaced (a new ETag): its parts are new keys; the old ones are never served.
-    let mut other = std::fs::read(sample()).unwrap();
-    let n = other.len();
-    for b in &mut other[n - 4096..] {
-        *b ^= 0x5a;
-    }
-    std::fs::write(fx.path().join("other.gguf"), &other).unwrap();
-    let put = python()
-        .arg(repo().join("tools/peers/remote/servers.py"))
-        .args([
-            "s3-put",
-            "--endpoint",
-            &s3.get("endpoint"),
-            "--bucket",
-            "bkt",
-            "--key",
-            "m/sample-moe.gguf",
-            "--file",
-            fx.path().join("other.gguf").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
-    let local_other = tmp();
-    std::fs::write(local_other.path().join("sample-moe.gguf"), &other).unwrap();
-    let want_other = std::fs::read(materialize(&[], local_other.path().join("sample-moe.gguf").to_str().unwrap(), &[]).path().join("sample-moe.pack")).unwrap();
+    let want_other = CachedPack::replace(fx.path(), &s3);
     let (fourth, s4) = mount_read(&env, url, &opts, "sample-moe.pack");
     assert!(fourth == want_other, "the replaced object's pack differs (old parts served?)");
     assert!(s4["bytes"].as_u64().unwrap() > 0, "{s4}");
