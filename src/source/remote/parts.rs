@@ -520,17 +520,10 @@ impl Parts {
     fn read_pressed(&self, object: u128, fetch: &Fetch, offset: u64, buf: &mut [u8]) -> Result<(), RemoteError> {
         self.counters.pressed_reads.fetch_add(1, Ordering::Relaxed);
         let ps = self.config.part_size.max(1);
-        let mut filled = 0usize;
-        while filled < buf.len() {
-            let at = offset + filled as u64;
-            let index = at / ps;
-            let from = (at - index * ps) as usize;
-            let len = part_len(fetch.meta.size, ps, index) as usize;
-            let n = (len - from).min(buf.len() - filled);
+        for (index, len, from, filled, n) in pieces(fetch.meta.size, ps, offset, buf.len()) {
             let dst = &mut buf[filled..filled + n];
             if let Some(part) = self.held(object, index, index).and_then(|mut v| v.pop()) {
                 dst.copy_from_slice(&part[from..from + n]);
-                filled += n;
                 continue;
             }
             match DISK.get().filter(|d| d.contains(object, index * ps, len)).and_then(|d| {
@@ -541,9 +534,8 @@ impl Parts {
                     self.counters.parts_from_disk.fetch_add(1, Ordering::Relaxed);
                     dst.copy_from_slice(&part[from..from + n]);
                 }
-                None => fetch.ns.read(&fetch.key, &fetch.meta, at, dst)?,
+                None => fetch.ns.read(&fetch.key, &fetch.meta, offset + filled as u64, dst)?,
             }
-            filled += n;
         }
         Ok(())
     }
@@ -561,6 +553,26 @@ enum Found {
 
 fn part_len(size: u64, ps: u64, index: u64) -> u64 {
     (size - index * ps).min(ps)
+}
+
+/// `[offset, offset + len)` of an object of `size` bytes cut at part boundaries: per piece,
+/// its part's index and length, where the piece starts in the part and in the range, and
+/// its length.
+fn pieces(size: u64, ps: u64, offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize, usize, usize)> {
+    let mut filled = 0usize;
+    std::iter::from_fn(move || {
+        let at = offset + filled as u64;
+        if filled >= len || at >= size {
+            return None;
+        }
+        let index = at / ps;
+        let part = part_len(size, ps, index) as usize;
+        let from = (at - index * ps) as usize;
+        let n = (part - from).min(len - filled);
+        let piece = (index, part, from, filled, n);
+        filled += n;
+        Some(piece)
+    })
 }
 
 /// Copy `[offset, offset + buf.len())` out of consecutive parts starting at part `first`.
@@ -950,16 +962,11 @@ impl Parts {
 
     fn read_kept(&self, object: u128, size: u64, offset: u64, buf: &mut [u8]) -> bool {
         let ps = self.config.part_size.max(1);
-        let mut filled = 0usize;
-        while filled < buf.len() {
-            let at = offset + filled as u64;
-            let key = PartKey { object, index: at / ps };
-            let from = (at - key.index * ps) as usize;
-            let len = part_len(size, ps, key.index) as usize;
-            if from >= len {
-                return false;
-            }
-            let n = (len - from).min(buf.len() - filled);
+        if offset.saturating_add(buf.len() as u64) > size {
+            return false;
+        }
+        for (index, len, from, filled, n) in pieces(size, ps, offset, buf.len()) {
+            let key = PartKey { object, index };
             let dst = &mut buf[filled..filled + n];
             let held = match self.state.lock().slots.get(&key) {
                 Some(Slot::Ready(h)) => Some(h.bytes.clone()),
@@ -987,7 +994,6 @@ impl Parts {
             if !ok {
                 return false;
             }
-            filled += n;
         }
         true
     }
@@ -1620,6 +1626,14 @@ mod tests {
             }
         }
         assert!(fake.fail_at.lock().is_empty(), "the failure was never met");
+    }
+
+    #[test]
+    fn pieces_cut_a_range_at_part_boundaries_and_the_short_last_part() {
+        let v: Vec<_> = pieces(19, 8, 6, 12).collect();
+        assert_eq!(v, vec![(0, 8, 6, 0, 2), (1, 8, 0, 2, 8), (2, 3, 0, 10, 2)]);
+        assert_eq!(pieces(19, 8, 16, 3).collect::<Vec<_>>(), vec![(2, 3, 0, 0, 3)]);
+        assert_eq!(pieces(19, 8, 3, 0).count(), 0);
     }
 
     #[test]
