@@ -747,8 +747,9 @@ impl CachedPack {
 
 /// A view file made of remote source ranges (the expert pack over `s3://`), read whole once,
 /// is kept whole in the disk cache as computed files are: a restart hands it to the kernel
-/// (FUSE passthrough) and reads neither the network nor the fetched parts. A replaced
-/// object (a new ETag) never meets that entry.
+/// (FUSE passthrough): no GET of data and no byte of the pack through the daemon (the
+/// mount still reads the GGUF's header from the fetched parts). A replaced object (a new
+/// ETag) never meets that entry.
 #[test]
 fn a_remote_pack_read_once_is_served_whole_by_the_kernel_after_a_restart() {
     require_fuse();
