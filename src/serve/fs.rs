@@ -414,6 +414,18 @@ impl Fs {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if source_copy(f))
     }
 
+    /// Whether the file is made of source bytes of a remote source (nothing computed) and is
+    /// larger than one part (`remote_part_mb`): read once by a loader, such a file gains
+    /// nothing from a second copy in the mount's page cache (the fetched parts are the
+    /// daemon's copy, the disk cache the copy for later reads), and filling fresh
+    /// page-cache pages was the largest part of the daemon's CPU in a cold read. Under
+    /// `direct_io=auto` its buffered handles bypass the page cache; smaller files
+    /// (configs, tokenizers) stay cached.
+    pub fn is_remote_stream(&self, ino: Ino) -> bool {
+        matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f))
+            if f.is_source_bytes() && f.reads_remote() && f.size() > crate::source::remote::parts::part_size())
+    }
+
     /// Whether any file has computed chunks (reads that may wait).
     pub fn has_computed(&self) -> bool {
         self.tree.vfiles().any(|f| !f.is_identity())

@@ -1,9 +1,10 @@
 //! The fuser adapter: translates FUSE requests into [`Fs`] calls, and `FsError`s into errno
 //! in one place (`guarded`, which also turns a panic into EIO). The filesystem logic is
 //! [`Fs`]'s. What the adapter decides is what only the FUSE edge knows: the capabilities it
-//! negotiates; per open, the flags the kernel gets, how the handle reads the source (the
-//! client's `O_DIRECT`, whether the file is source bytes kept in the page cache, the
-//! `source_io` option) and whether the kernel serves it from a
+//! negotiates; per open, the flags the kernel gets (whether the page cache holds the file:
+//! not for large files of remote source bytes, see [`Fs::is_remote_stream`]), how the
+//! handle reads the source (the client's `O_DIRECT`, whether the file is source bytes kept
+//! in the page cache, the `source_io` option) and whether the kernel serves it from a
 //! backing file (the state of that is [`Passthrough`]'s); per read, where it runs: on the
 //! FUSE worker, or handed to a [`ReadPool`] (reads of direct handles, and reads that would
 //! wait for a chunk), so the workers stay free for metadata, status files and ready bytes
@@ -43,12 +44,17 @@ pub struct FuseAdapter {
     pub max_background: Option<u16>,
     /// The `direct_io` option: `Some(true)`: FOPEN_DIRECT_IO for every file of the view;
     /// else the kernel keeps the view's files in the mount's page cache, except copies of
-    /// source bytes while `cache_copies` is false (auto, until the mount's readahead is set).
+    /// source bytes while `cache_copies` is false (auto, until the mount's readahead is set)
+    /// and, under auto, large files of remote source bytes (`remote_direct`).
     pub direct_io: Option<bool>,
     /// Copies of source bytes ([`Fs::is_source_copy`]) are kept in the mount's page cache and
     /// their buffered handles read the source around it; else they are opened with
     /// FOPEN_DIRECT_IO and read the source through its page cache.
     pub cache_copies: Arc<std::sync::atomic::AtomicBool>,
+    /// Under `direct_io=auto`, large files of remote source bytes ([`Fs::is_remote_stream`])
+    /// are opened with FOPEN_DIRECT_IO: true until `init` finds the kernel cannot mmap
+    /// direct-io files.
+    pub remote_direct: bool,
     pub passthrough: Arc<Passthrough>,
     /// How handles read the source: `None` (auto) with direct I/O for clients' `O_DIRECT`
     /// handles and files of source bytes kept in the mount's page cache, else always this
@@ -136,8 +142,9 @@ impl Filesystem for FuseAdapter {
                 if self.direct_io == Some(true) {
                     tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
                 } else {
-                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; the packs are kept in the page cache");
+                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; the packs and remote files are kept in the page cache");
                     self.cache_copies.store(true, Ordering::Relaxed);
+                    self.remote_direct = false;
                 }
             }
         }
@@ -226,7 +233,8 @@ impl Filesystem for FuseAdapter {
         // too: memory holds one copy, the view's, and a warm re-read never reaches the daemon.
         let client_direct = flags.0 & libc::O_DIRECT != 0;
         let copy = self.fs.is_source_copy(ino.0);
-        let fopen_direct = self.direct_io.unwrap_or_else(|| copy && !self.cache_copies.load(Ordering::Relaxed));
+        let fopen_direct =
+            self.direct_io.unwrap_or_else(|| (copy && !self.cache_copies.load(Ordering::Relaxed)) || (self.remote_direct && self.fs.is_remote_stream(ino.0)));
         let around = copy && !fopen_direct;
         let io = self.source_io.unwrap_or(if client_direct || around { SourceIo::Direct } else { SourceIo::Buffered });
         let fh = FileHandle(fh | if io == SourceIo::Direct { DIRECT_FH } else { 0 });

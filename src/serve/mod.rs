@@ -217,6 +217,7 @@ pub fn mount(
     let cache_copies = Arc::new(std::sync::atomic::AtomicBool::new(opts.direct_io.forced() == Some(false)));
     let adapter = fuse::FuseAdapter {
         cache_copies: cache_copies.clone(),
+        remote_direct: opts.direct_io.forced().is_none(),
         fs: fs.clone(),
         max_read: opts.max_read,
         max_background,

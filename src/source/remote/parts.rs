@@ -67,9 +67,11 @@ pub struct PartConfig {
     pub max_window: u32,
 }
 
+const DEFAULT_PART_SIZE: u64 = 8 << 20;
+
 impl Default for PartConfig {
     fn default() -> Self {
-        PartConfig { part_size: 8 << 20, memory_budget: default_memory_budget(), concurrency: 16, max_window: 32 }
+        PartConfig { part_size: DEFAULT_PART_SIZE, memory_budget: default_memory_budget(), concurrency: 16, max_window: 32 }
     }
 }
 
@@ -253,6 +255,11 @@ static CONFIG: OnceLock<PartConfig> = OnceLock::new();
 /// Set the parts tier's configuration (once, before the first read; later calls are ignored).
 pub fn configure(config: PartConfig) {
     let _ = CONFIG.set(config);
+}
+
+/// The size of a part (`remote_part_mb`): the configured one, else the default.
+pub fn part_size() -> u64 {
+    CONFIG.get().map_or(DEFAULT_PART_SIZE, |c| c.part_size)
 }
 
 fn parts() -> &'static Parts {
