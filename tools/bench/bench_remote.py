@@ -35,6 +35,10 @@ as --mount-s3-src: crates.io has no crate with the binary); `s3fs` from PATH, el
 mount-s3 runs with AWS_EC2_METADATA_DISABLED=true (no instance-metadata lookups), so at its default throughput
 target; s3fs with its defaults. Both mounts are read-only.
 
+With --server-cpus (e.g. 0) the server runs on those CPUs and this tool and everything it starts (downloads,
+mounts, readers) on the others, as if the server were a machine of its own. By default they share every core, and
+the server is CPU-bound: CPU the reader side spends is taken from it (tools/bench/bench_remote_cpu.py measures that).
+
 Before every measure the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`) and the server's own files
 are read once again, so the server always serves from memory and only the reader side is cold. Mounts start
 with a digest store filled once before the rounds (`xpackfs digest`), so a mount reads headers only; the digest
@@ -46,6 +50,7 @@ view (it hashes the view once), all before the rounds.
 
     sudo python3 tools/bench/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
         [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant] [--mmap]
+        [--server-cpus 0]
         [--peers [--mount-s3 PATH | --mount-s3-src CHECKOUT] [--seeds shared/seeds]]
 
 Needs root (drop_caches, FUSE), boto3, curl (else the Python client alone is the baseline) and `s3s-fs`
@@ -178,13 +183,15 @@ def s3s_binary(a) -> str:
     return str(Path.home() / ".cargo/bin/s3s-fs")
 
 
-def start_s3s(exe: str, root: Path) -> str:
+def start_s3s(exe: str, root: Path, cpus: set[int] | None = None) -> str:
+    """Start the server on 127.0.0.1; with `cpus`, it runs on those CPUs only (--server-cpus)."""
     port = free_port()
     for b in (BUCKET, CKPT_BUCKET):
         (root / b).mkdir(parents=True, exist_ok=True)
     p = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--access-key", KEY_ID, "--secret-key",
                           SECRET, str(root)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+                         stderr=subprocess.DEVNULL, start_new_session=True,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     _children.append(p)
     wait_port(port, p)
     return f"http://127.0.0.1:{port}"
@@ -536,6 +543,10 @@ def main() -> int:
                     help="CARGO_TARGET_DIR for installing s3s-fs")
     ap.add_argument("--single-mib", type=int, default=64, help="bytes of the one-stream download (python x1)")
     ap.add_argument("--skip-requant", action="store_true")
+    ap.add_argument("--server-cpus", default=None,
+                    help="run the S3 server on these CPUs (e.g. 0) and everything else (downloads, mounts, readers) on "
+                         "the others, as if the server were a machine of its own: by default the server shares every "
+                         "core with the client side, so CPU the reader side spends is taken from the server")
     ap.add_argument("--mount-opts", default="", help="more -o options of the xpackfs mounts (e.g. remote_concurrency=32)")
     ap.add_argument("--requant-shape", default="2048,1024,8,2", help="hidden,inter,experts,layers of the V4.1 checkpoint")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
@@ -591,7 +602,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-remote-") as tmpd:
         tmp = Path(tmpd)
         data = tmp / "s3"
-        endpoint = start_s3s(exe, data)
+        server_cpus = {int(c) for c in a.server_cpus.split(",")} if a.server_cpus else None
+        endpoint = start_s3s(exe, data, server_cpus)
+        if server_cpus:
+            rest = os.sched_getaffinity(0) - server_cpus
+            if not rest:
+                raise SystemExit(f"--server-cpus {a.server_cpus} leaves no CPU for the client side")
+            os.sched_setaffinity(0, rest)  # this process's children (curl, mounts, readers) inherit it
+            log(f"server on CPUs {sorted(server_cpus)}, the client side on {sorted(rest)}")
         net = ServerBytes(int(endpoint.rsplit(":", 1)[1])) if a.peers else None
         log(f"s3s-fs at {endpoint}, uploading {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB)")
         s3 = s3_client(endpoint)
@@ -908,7 +926,7 @@ def main() -> int:
             extra["seconds_per_round"] = round_secs
         out = {"baseline": {"name": base_name, "seconds": base_s, "gb_per_s": base_gbs}, "measures": med,
                "ratios": ratios, "pack_mount_s": med["pack mount"]["median"], **extra,
-               "rounds": a.rounds, "part_mib": a.part_mib, "xpackfs": a.xpackfs,
+               "rounds": a.rounds, "part_mib": a.part_mib, "xpackfs": a.xpackfs, "server_cpus": a.server_cpus,
                "cached_second_mount_network_bytes": cached_net}
         print(f"object {size / 1e6:.1f} MB, pack {extra['pack_bytes'] / 1e6:.1f} MB, {a.rounds} rounds, medians; "
               f"digest pass {digest_s:.2f} s; first mounts (view digests) "

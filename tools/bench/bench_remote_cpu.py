@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Where the CPU goes in a cold remote read (issue 25): the S3 server's CPU-seconds per GB served, its context
+switches, and the xpackfs daemon's CPU-seconds, for each client of the same object from the same server.
+
+    sudo python3 tools/bench/bench_remote_cpu.py [--xpackfs BIN] [--rounds 3] [--clients curl16,curl16@0.35,x16,x8]
+
+One `s3s-fs` server (as tools/bench/bench_remote.py starts it), the bench GGUF uploaded and its digests stored once.
+Each round runs every client in turn, the page cache dropped and the server's files read back in before each:
+
+  curlN        `curl --parallel N` of the whole object in 8 MiB SigV4 ranges, bodies discarded (the baseline)
+  curlN@D      the same with a CPU load beside it: a process busy for fraction D of every 10 ms (D=0.35 is about the
+               CPU a cold pack read costs the daemon here), to see what a client's own CPU costs the server
+  xN           a fresh xpackfs mount of s3:// with remote_concurrency=N and a cold `cat` of the expert pack
+  xN+k=v,...   the same with more -o options (e.g. x16+direct_io=off)
+
+This machine runs the server, the client and the reader on the same two cores. The server (s3s-fs reads every
+body in 4 KiB reads on tokio's blocking pool) needs 2.7-3.0 CPU-seconds per GB with curl, so whatever CPU the
+client side spends is taken from it, and it then needs more per GB (more preemption and context switches): the
+@D clients measure that effect without xpackfs. Prints one line per client per round and the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_remote as br  # noqa: E402
+from bench_common import REPO, bench_gguf  # noqa: E402
+
+HOG = """
+import sys, time
+duty = float(sys.argv[1])
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.01 * duty:
+        pass
+    time.sleep(0.01 * (1 - duty))
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def context_switches(pid: int) -> int:
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            for line in Path(f"/proc/{pid}/task/{t}/status").read_text().splitlines():
+                if "ctxt_switches" in line:
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile
+    return total
+
+
+def daemon_pid(mnt: Path) -> int:
+    # The newest xpackfs process serving this mount point.
+    out = subprocess.run(["pgrep", "-n", "-f", f"xpackfs.* {mnt}"], capture_output=True, text=True).stdout.split()
+    if not out:
+        raise SystemExit(f"no xpackfs process serves {mnt}")
+    return int(out[0])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", default="curl16,curl16@0.35,x16")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/xpackfs-bench"))
+    ap.add_argument("--s3s-fs", default=None)
+    ap.add_argument("--s3s-target", default="/tmp/s3s-target")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (drop_caches, FUSE mounts)")
+    clients = a.clients.split(",")
+    gguf = bench_gguf(a.workdir, hidden=2048, ff=1024)
+    exe = br.s3s_binary(a)
+    res: dict[str, list[tuple[float, float, int, float]]] = {c: [] for c in clients}
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-remote-cpu-") as td:
+            tmp = Path(td)
+            data = tmp / "s3"
+            endpoint = br.start_s3s(exe, data)
+            server = br._children[-1].pid
+            key = "model.gguf"
+            size = br.upload(br.s3_client(endpoint), gguf, key)["size"]
+            served = [data / br.BUCKET / key]
+            url = f"s3://{br.BUCKET}/{key}"
+            env = br.xenv(tmp / "digests")
+            subprocess.run([a.xpackfs, "digest", url, "--endpoint", endpoint], env=env, check=True, capture_output=True)
+            mnt = tmp / "mnt"
+            for rnd in range(a.rounds):
+                for c in clients:
+                    br.drop_caches()
+                    br.warm(served)
+                    daemon = 0.0
+                    if c.startswith("curl"):
+                        n, _, duty = c[4:].partition("@")
+                        hog = subprocess.Popen([sys.executable, "-c", HOG, duty]) if duty else None
+                        s0, k0 = cpu_seconds(server), context_switches(server)
+                        try:
+                            seconds = br.curl_download(endpoint, key, size, 8 << 20, int(n), tmp)
+                        finally:
+                            if hog:
+                                hog.kill()
+                                hog.wait()
+                        nbytes = size
+                    elif c.startswith("x"):
+                        n, _, more = c[1:].partition("+")
+                        br.mount(a, url, mnt, f"endpoint={endpoint},ro,remote_concurrency={n}" + (f",{more}" if more else ""),
+                                 env)
+                        try:
+                            pid = daemon_pid(mnt)
+                            s0, k0, d0 = cpu_seconds(server), context_switches(server), cpu_seconds(pid)
+                            nbytes, seconds = br.read_files(br.view_files(mnt, (".pack",)))
+                            daemon = cpu_seconds(pid) - d0
+                        finally:
+                            br.unmount(mnt)
+                    else:
+                        raise SystemExit(f"unknown client {c!r} (curlN, curlN@D, xN, xN+opts)")
+                    per_gb = (cpu_seconds(server) - s0) / nbytes * 1e9
+                    switches = context_switches(server) - k0
+                    res[c].append((nbytes / seconds / 1e9, per_gb, switches, daemon))
+                    print(f"round {rnd + 1} {c:18s} {nbytes / seconds / 1e9:.3f} GB/s  server {per_gb:.2f} CPU-s/GB, "
+                          f"{switches} context switches  daemon {daemon:.2f} CPU-s", flush=True)
+    finally:
+        br.cleanup()
+    print(f"medians of {a.rounds} rounds:")
+    for c, v in res.items():
+        med = [statistics.median(x[i] for x in v) for i in range(4)]
+        print(f"  {c:18s} {med[0]:.3f} GB/s  server {med[1]:.2f} CPU-s/GB, {med[2]:.0f} context switches  "
+              f"daemon {med[3]:.2f} CPU-s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
