@@ -802,22 +802,29 @@ fn a_remote_pack_read_once_is_served_whole_by_the_kernel_after_a_restart() {
     assert!(s3stats["disk_cache"]["file_misses"].as_u64().unwrap() >= 1, "{s3stats}");
 }
 
-/// A file of remote source bytes larger than one part (the sample's 1.3 MB expert pack over
-/// `s3://`, with 1 MiB parts) is read around the mount's page cache under `direct_io=auto`:
-/// a buffered read leaves none of it cached (the fetched parts are the daemon's copy). With
-/// 2 MiB parts it is under one part and stays cached, as it does with `direct_io=off`, and
-/// so do files that are not remote bytes (the manifest); mmap and O_DIRECT give the same
-/// bytes in every case.
+/// A pack of a remote source larger than one part (the sample's 1.3 MB expert pack over
+/// `s3://`, with 1 MiB parts) is read around the mount's page cache under `direct_io=auto`,
+/// as `O_DIRECT` readers read it: a buffered read leaves none of it cached, and a second
+/// buffered read reaches the daemon again. With 2 MiB parts it is under one part and is
+/// cached, as it is with `direct_io=off` (a second read then never reaches the daemon), and
+/// so are files that are not remote bytes (the manifest); buffered reads of odd sizes,
+/// `O_DIRECT` and mmap give the local bytes in every case.
 #[test]
-fn a_large_remote_file_is_read_around_the_page_cache_and_small_ones_are_cached() {
+fn a_large_remote_pack_is_read_around_the_page_cache_and_small_files_are_cached() {
     require_fuse();
     let (_fx, s3) = sample_in_s3();
     let env = s3_env(&s3);
     let want = CachedPack::local_pack();
     assert!(want.len() > 1 << 20, "the sample's pack must span more than one 1 MiB part");
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let served = |mnt: &Path| -> u64 {
+        let s: Value = serde_json::from_slice(&std::fs::read(mnt.join(".xpackfs/stats.json")).unwrap()).unwrap();
+        s["bytes_served"].as_u64().unwrap_or_else(|| panic!("no bytes_served in {s}"))
+    };
     for (part_mb, opts, pack_cached) in [("1", "", false), ("2", "", true), ("1", "direct_io=off", true)] {
-        let opts_shown = format!("remote_part_mb={part_mb} {opts}");
-        let opts_shown = opts_shown.trim();
+        let shown = format!("remote_part_mb={part_mb} {opts}");
+        let shown = shown.trim();
         let mnt = tmp();
         let mut args = vec!["mount", CachedPack::URL, mnt.path().to_str().unwrap(), "--remote-part-mb", part_mb];
         if !opts.is_empty() {
@@ -827,29 +834,38 @@ fn a_large_remote_file_is_read_around_the_page_cache_and_small_ones_are_cached()
         assert!(o.status.success(), "mount: {}", String::from_utf8_lossy(&o.stderr));
         let (pack, manifest) = (mnt.path().join("sample-moe.pack"), mnt.path().join("sample-moe.pack.manifest.json"));
         // Buffered reads of an odd size, so that reads straddle the kernel's and the parts' boundaries.
-        let mut got = Vec::with_capacity(want.len());
-        let mut f = std::fs::File::open(&pack).unwrap();
-        let mut buf = vec![0u8; 65_537];
-        loop {
-            let n = f.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
+        let read_odd = || {
+            let mut got = Vec::with_capacity(want.len());
+            let mut f = std::fs::File::open(&pack).unwrap();
+            let mut buf = vec![0u8; 65_537];
+            loop {
+                let n = f.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
             }
-            got.extend_from_slice(&buf[..n]);
-        }
-        drop(f);
+            got
+        };
+        let got = read_odd();
         let small = std::fs::read(&manifest).unwrap();
+        // (fincore opens the file too: an open keeps the file's cached pages either way.)
         let (pack_res, small_res) = (cached_bytes(&pack), cached_bytes(&manifest));
+        let before = served(mnt.path());
+        let again = read_odd();
+        let second = served(mnt.path()) - before;
         let out = run_ok(python().arg("-c").arg(ODIRECT_AND_MMAP).arg(&pack));
         umount(mnt.path());
-        assert!(got == want, "[{opts_shown}] the pack read buffered differs from the local one");
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), sha256_hex(&want), "[{opts_shown}] O_DIRECT / mmap of the pack");
+        assert!(got == want && again == want, "[{shown}] the pack read buffered differs from the local one");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), sha256_hex(&want), "[{shown}] O_DIRECT / mmap of the pack");
         assert!(!small.is_empty() && (small.len() as u64) < 1 << 20);
-        assert_eq!(small_res, small.len().next_multiple_of(4096) as u64, "[{opts_shown}] the manifest (under one part) is not in the page cache");
+        assert_eq!(small_res, small.len().next_multiple_of(page) as u64, "[{shown}] the manifest is not in the page cache");
         if pack_cached {
-            assert!(pack_res * 10 >= want.len() as u64 * 9, "[{opts_shown}] {pack_res} of {} bytes of the pack cached, want it all", want.len());
+            assert_eq!(pack_res, want.len().next_multiple_of(page) as u64, "[{shown}] the pack is not all in the page cache");
+            assert_eq!(second, 0, "[{shown}] a second buffered read of the cached pack reached the daemon");
         } else {
-            assert_eq!(pack_res, 0, "[{opts_shown}] the pack read buffered left {pack_res} bytes in the mount's page cache");
+            assert_eq!(pack_res, 0, "[{shown}] the pack read buffered left {pack_res} bytes in the mount's page cache");
+            assert!(second >= want.len() as u64, "[{shown}] a second buffered read served {second} bytes through the daemon, want the whole pack");
         }
     }
 }

@@ -407,23 +407,25 @@ impl Fs {
     }
 
     /// Whether the file is made of source bytes laid out anew ([`VirtualFile::is_source_bytes`],
-    /// the packs), not a whole source file: kept in the mount's page cache, its buffered
-    /// handles read the source around the page cache. A whole source file (an INT8 tree's)
+    /// the packs), not a whole source file: kept in the mount's page cache (unless remote,
+    /// [`Fs::is_remote_stream`]), its buffered handles read the source around the page cache. A whole source file (an INT8 tree's)
     /// is the source's own pages: passed through, or read through the daemon.
     pub fn is_source_copy(&self, ino: Ino) -> bool {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if source_copy(f))
     }
 
-    /// Whether the file is made of source bytes of a remote source (nothing computed) and is
-    /// larger than one part (`remote_part_mb`): read once by a loader, such a file gains
-    /// nothing from a second copy in the mount's page cache (the fetched parts are the
-    /// daemon's copy, the disk cache the copy for later reads), and filling fresh
-    /// page-cache pages was the largest part of the daemon's CPU in a cold read. Under
-    /// `direct_io=auto` its buffered handles bypass the page cache; smaller files
-    /// (configs, tokenizers) stay cached.
+    /// Whether the file is a copy of source bytes ([`Fs::is_source_copy`], a pack) of a remote
+    /// source, larger than one part (`remote_part_mb`). Under `direct_io=auto` its buffered
+    /// handles bypass the mount's page cache, as `O_DIRECT` readers (SGLang's loader) do:
+    /// filling fresh page-cache pages was the largest part of the daemon's CPU in a cold
+    /// read, and memory held the bytes twice (the fetched parts and the pages). A re-read is
+    /// served from the parts still held, from the disk cache if there is one, else fetched
+    /// again. Whole remote files (safetensors shards, INT8 trees: what loaders mmap, and the
+    /// kernel drops a direct-io file's pages at every mmap) and files under one part stay
+    /// cached.
     pub fn is_remote_stream(&self, ino: Ino) -> bool {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f))
-            if f.is_source_bytes() && f.reads_remote() && f.size() > crate::source::remote::parts::part_size())
+            if source_copy(f) && f.reads_remote() && f.size() > crate::source::remote::parts::part_size())
     }
 
     /// Whether any file has computed chunks (reads that may wait).

@@ -2,7 +2,7 @@
 //! in one place (`guarded`, which also turns a panic into EIO). The filesystem logic is
 //! [`Fs`]'s. What the adapter decides is what only the FUSE edge knows: the capabilities it
 //! negotiates; per open, the flags the kernel gets (whether the page cache holds the file:
-//! not for large files of remote source bytes, see [`Fs::is_remote_stream`]), how the
+//! not for large packs of remote sources, see [`Fs::is_remote_stream`]), how the
 //! handle reads the source (the client's `O_DIRECT`, whether the file is source bytes kept
 //! in the page cache, the `source_io` option) and whether the kernel serves it from a
 //! backing file (the state of that is [`Passthrough`]'s); per read, where it runs: on the
@@ -45,14 +45,14 @@ pub struct FuseAdapter {
     /// The `direct_io` option: `Some(true)`: FOPEN_DIRECT_IO for every file of the view;
     /// else the kernel keeps the view's files in the mount's page cache, except copies of
     /// source bytes while `cache_copies` is false (auto, until the mount's readahead is set)
-    /// and, under auto, large files of remote source bytes (`remote_direct`).
+    /// and, under auto, large packs of remote sources (`remote_direct`).
     pub direct_io: Option<bool>,
     /// Copies of source bytes ([`Fs::is_source_copy`]) are kept in the mount's page cache and
     /// their buffered handles read the source around it; else they are opened with
     /// FOPEN_DIRECT_IO and read the source through its page cache.
     pub cache_copies: Arc<std::sync::atomic::AtomicBool>,
-    /// Under `direct_io=auto`, large files of remote source bytes ([`Fs::is_remote_stream`])
-    /// are opened with FOPEN_DIRECT_IO: true until `init` finds the kernel cannot mmap
+    /// Under `direct_io=auto`, large packs of remote sources ([`Fs::is_remote_stream`]) are
+    /// opened with FOPEN_DIRECT_IO: true until `init` finds the kernel cannot mmap
     /// direct-io files.
     pub remote_direct: bool,
     pub passthrough: Arc<Passthrough>,
@@ -233,9 +233,12 @@ impl Filesystem for FuseAdapter {
         // too: memory holds one copy, the view's, and a warm re-read never reaches the daemon.
         let client_direct = flags.0 & libc::O_DIRECT != 0;
         let copy = self.fs.is_source_copy(ino.0);
-        let fopen_direct =
-            self.direct_io.unwrap_or_else(|| (copy && !self.cache_copies.load(Ordering::Relaxed)) || (self.remote_direct && self.fs.is_remote_stream(ino.0)));
-        let around = copy && !fopen_direct;
+        // A large file of remote source bytes bypasses the page cache (auto): its fetched
+        // parts are the daemon's copy. Its handles stay direct ones (the direct pool, the
+        // direct-read counters), as when the page cache held it.
+        let remote_stream = self.direct_io.is_none() && self.remote_direct && self.fs.is_remote_stream(ino.0);
+        let fopen_direct = self.direct_io.unwrap_or_else(|| (copy && !self.cache_copies.load(Ordering::Relaxed)) || remote_stream);
+        let around = copy && (!fopen_direct || remote_stream);
         let io = self.source_io.unwrap_or(if client_direct || around { SourceIo::Direct } else { SourceIo::Buffered });
         let fh = FileHandle(fh | if io == SourceIo::Direct { DIRECT_FH } else { 0 });
         if self.fs.is_dynamic(ino.0) {
@@ -246,6 +249,10 @@ impl Filesystem for FuseAdapter {
             // FOPEN_DIRECT_IO it does so through its direct-I/O path, which sends the
             // requests of one large read at once (FUSE_ASYNC_DIO) instead of one by one.
             reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
+        } else if remote_stream {
+            // KEEP_CACHE: an open does not drop the pages an mmap of the file cached (the
+            // kernel still does on each mmap of a direct-io file).
+            reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_KEEP_CACHE)
         } else if fopen_direct {
             reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO)
         } else {

@@ -58,8 +58,9 @@ pub struct ServeOptions {
     /// mmap keeps working with FUSE_DIRECT_IO_ALLOW_MMAP, kernel 6.6+). auto and off: the
     /// mount's page cache holds the view's files, and files made of source bytes (the
     /// packs) read their source around the page cache, so memory holds one copy; auto
-    /// only: files of remote source bytes larger than one part (a pack over s3://) bypass
-    /// it, their fetched parts being that copy
+    /// only: packs of remote sources larger than one part bypass it (kernel 6.6+), as
+    /// O_DIRECT readers do, and re-reads come from the fetched parts, the disk cache or
+    /// the network
     #[arg(long, default_value = "auto", value_parser = Auto::parse, help_heading = "Serving")]
     pub direct_io: Auto,
     /// auto|direct|buffered: how reads of a handle read the source. auto: direct for clients

@@ -6,7 +6,8 @@
 One `s3s-fs` server (as tools/bench/bench_remote.py starts it), the bench GGUF uploaded once and its digests
 stored once (so a mount reads headers only). Each round: `curl --parallel 16` with 8 MiB ranges (the baseline
 download), then for each build, in alternating order, page cache dropped and the server's files read back in, a
-fresh mount and a cold `cat` of the pack. Reports the median seconds per side, each against curl's median, the
+fresh mount and a cold `cat` of the pack. Reports the median seconds per side, each against curl's median (as a ratio
+of throughputs, the pack's bytes against the whole object's, and of seconds: stop 40-42's figures were the latter), the
 ratio of the two builds, and per read the window resets, reads without a stream and requests.
 bench_remote.py measures one build against the baseline; this one puts two builds side by side in the same
 rounds, since a round's baseline moves as much as a change does on this machine.
@@ -38,6 +39,7 @@ def main() -> int:
     ap.add_argument("--s3s-target", default="/tmp/s3s-target")
     a = ap.parse_args()
     builds = [("xpackfs", a.xpackfs), ("baseline", a.baseline)]
+    packs: list[Path] = []
     gguf = bench_gguf(a.workdir, hidden=2048, ff=1024)
     exe = br.s3s_binary(a)
     try:
@@ -72,7 +74,8 @@ def main() -> int:
                     br.drop_caches()
                     br.warm(served)
                     br.mount(a, url, mnt, f"{eo},ro", env)
-                    _, dt = br.read_files(br.view_files(mnt, (".pack",)))
+                    packs = br.view_files(mnt, (".pack",))
+                    _, dt = br.read_files(packs)
                     secs[n].append(dt)
                     s = br.stats_remote(mnt)
                     p = s.get("parts", {})
@@ -80,9 +83,15 @@ def main() -> int:
                     br.unmount(mnt)
                 print(f"round {i + 1}/{a.rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in secs.items()), flush=True)
             med = {n: statistics.median(v) for n, v in secs.items()}
-            print(f"cold cat of the pack over s3://, medians of {a.rounds} alternated rounds")
+            pack_bytes = sum(p.stat().st_size for p in packs)
+            print(f"cold cat of the pack ({pack_bytes / 1e6:.1f} MB) over s3://, medians of {a.rounds} alternated rounds; "
+                  f"curl downloads the whole object ({size / 1e6:.1f} MB): `x curl` is the ratio of throughputs (GB/s), "
+                  "`time` of seconds")
             for n, v in secs.items():
-                print(f"  {n:<9} {med[n]:6.3f} s  {med['curl'] / med[n]:.3f}x curl  (runs {' '.join(f'{x:.2f}' for x in v)})")
+                nbytes = size if n == "curl" else pack_bytes
+                rate = (nbytes / med[n]) / (size / med["curl"])
+                print(f"  {n:<9} {med[n]:6.3f} s  {nbytes / med[n] / 1e9:.3f} GB/s  {rate:.3f}x curl  "
+                      f"(time {med['curl'] / med[n]:.3f})  (runs {' '.join(f'{x:.2f}' for x in v)})")
             print(f"  xpackfs / baseline time: {med['xpackfs'] / med['baseline']:.3f}")
             for n, _ in builds:
                 print(f"  {n}: (window resets, reads without a stream, requests) per read: {stats[n]}")

@@ -2,7 +2,7 @@
 """Where the CPU goes in a cold remote read (issue 25): the S3 server's CPU-seconds per GB served, its context
 switches, and the xpackfs daemon's CPU-seconds, for each client of the same object from the same server.
 
-    sudo python3 tools/bench/bench_remote_cpu.py [--xpackfs BIN] [--rounds 3] [--clients curl16,curl16@0.35,x16,x8]
+    sudo python3 tools/bench/bench_remote_cpu.py [--xpackfs BIN] [--rounds 3] [--clients curl16 curl16@0.35 x16 ...]
 
 One `s3s-fs` server (as tools/bench/bench_remote.py starts it), the bench GGUF uploaded and its digests stored once.
 Each round runs every client in turn, the page cache dropped and the server's files read back in before each:
@@ -11,17 +11,22 @@ Each round runs every client in turn, the page cache dropped and the server's fi
   curlN@D      the same with a CPU load beside it: a process busy for fraction D of every 10 ms (D=0.35 is about the
                CPU a cold pack read costs the daemon here), to see what a client's own CPU costs the server
   xN           a fresh xpackfs mount of s3:// with remote_concurrency=N and a cold `cat` of the expert pack
-  xN+k=v,...   the same with more -o options (e.g. x16+direct_io=off)
+  xN+k=v,...   the same with more -o options (e.g. x16+direct_io=off,max_read=1048576)
 
 This machine runs the server, the client and the reader on the same two cores. The server (s3s-fs reads every
-body in 4 KiB reads on tokio's blocking pool) needs 2.7-3.0 CPU-seconds per GB with curl, so whatever CPU the
-client side spends is taken from it, and it then needs more per GB (more preemption and context switches): the
-@D clients measure that effect without xpackfs. Prints one line per client per round and the medians.
+body in 4 KiB reads on tokio's blocking pool) needed 2.8-3.4 CPU-seconds per GB sent with curl here, so whatever
+CPU the client side spends is taken from it, and it then needs more per GB (more preemption): the @D clients
+measure that effect without xpackfs. Per GB is per GB the server sent (the object for curl, stats.json's remote
+bytes for a mount). Context switches are summed over the server's threads alive at both ends of a measure (a
+thread that exits meanwhile takes its count with it: a rough figure). Prints one line per client per round and
+the medians.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -74,14 +79,21 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--xpackfs", default=str(REPO / "target/release/xpackfs"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--clients", default="curl16,curl16@0.35,x16")
+    ap.add_argument("--clients", nargs="+", default=["curl16", "curl16@0.35", "x16"])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/xpackfs-bench"))
     ap.add_argument("--s3s-fs", default=None)
     ap.add_argument("--s3s-target", default="/tmp/s3s-target")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (drop_caches, FUSE mounts)")
-    clients = a.clients.split(",")
+    clients = a.clients
+    for c in clients:
+        kind, n = (c[:4], c[4:].partition("@")[0]) if c.startswith("curl") else (c[:1], c[1:].partition("+")[0])
+        if kind not in ("curl", "x") or not n.isdigit():
+            raise SystemExit(f"unknown client {c!r} (curlN, curlN@D, xN, xN+k=v,...)")
+    atexit.register(br.cleanup)
+    signal.signal(signal.SIGTERM, br._on_signal)
+    signal.signal(signal.SIGINT, br._on_signal)
     gguf = bench_gguf(a.workdir, hidden=2048, ff=1024)
     exe = br.s3s_binary(a)
     res: dict[str, list[tuple[float, float, int, float]]] = {c: [] for c in clients}
@@ -113,21 +125,21 @@ def main() -> int:
                             if hog:
                                 hog.kill()
                                 hog.wait()
-                        nbytes = size
-                    elif c.startswith("x"):
+                        nbytes = sent = size
+                    else:
                         n, _, more = c[1:].partition("+")
                         br.mount(a, url, mnt, f"endpoint={endpoint},ro,remote_concurrency={n}" + (f",{more}" if more else ""),
                                  env)
                         try:
                             pid = daemon_pid(mnt)
+                            b0 = br.stats_remote(mnt).get("bytes", 0)  # the mount's header reads
                             s0, k0, d0 = cpu_seconds(server), context_switches(server), cpu_seconds(pid)
                             nbytes, seconds = br.read_files(br.view_files(mnt, (".pack",)))
                             daemon = cpu_seconds(pid) - d0
+                            sent = (br.stats_remote(mnt).get("bytes", 0) - b0) or nbytes
                         finally:
                             br.unmount(mnt)
-                    else:
-                        raise SystemExit(f"unknown client {c!r} (curlN, curlN@D, xN, xN+opts)")
-                    per_gb = (cpu_seconds(server) - s0) / nbytes * 1e9
+                    per_gb = (cpu_seconds(server) - s0) / sent * 1e9
                     switches = context_switches(server) - k0
                     res[c].append((nbytes / seconds / 1e9, per_gb, switches, daemon))
                     print(f"round {rnd + 1} {c:18s} {nbytes / seconds / 1e9:.3f} GB/s  server {per_gb:.2f} CPU-s/GB, "
