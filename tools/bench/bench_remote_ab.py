@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--s3s-target", default="/tmp/s3s-target")
     a = ap.parse_args()
     builds = [("xpackfs", a.xpackfs), ("baseline", a.baseline)]
-    packs: list[Path] = []
+    pack_bytes = 0
     gguf = bench_gguf(a.workdir, hidden=2048, ff=1024)
     exe = br.s3s_binary(a)
     try:
@@ -74,8 +74,7 @@ def main() -> int:
                     br.drop_caches()
                     br.warm(served)
                     br.mount(a, url, mnt, f"{eo},ro", env)
-                    packs = br.view_files(mnt, (".pack",))
-                    _, dt = br.read_files(packs)
+                    pack_bytes, dt = br.read_files(br.view_files(mnt, (".pack",)))
                     secs[n].append(dt)
                     s = br.stats_remote(mnt)
                     p = s.get("parts", {})
@@ -83,7 +82,6 @@ def main() -> int:
                     br.unmount(mnt)
                 print(f"round {i + 1}/{a.rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in secs.items()), flush=True)
             med = {n: statistics.median(v) for n, v in secs.items()}
-            pack_bytes = sum(p.stat().st_size for p in packs)
             print(f"cold cat of the pack ({pack_bytes / 1e6:.1f} MB) over s3://, medians of {a.rounds} alternated rounds; "
                   f"curl downloads the whole object ({size / 1e6:.1f} MB): `x curl` is the ratio of throughputs (GB/s), "
                   "`time` of seconds")
