@@ -408,8 +408,9 @@ impl Fs {
 
     /// Whether the file is made of source bytes laid out anew ([`VirtualFile::is_source_bytes`],
     /// the packs), not a whole source file: kept in the mount's page cache (unless remote,
-    /// [`Fs::is_remote_stream`]), its buffered handles read the source around the page cache. A whole source file (an INT8 tree's)
-    /// is the source's own pages: passed through, or read through the daemon.
+    /// [`Fs::is_remote_stream`]), its buffered handles read the source around the page
+    /// cache. A whole source file (an INT8 tree's) is the source's own pages: passed
+    /// through, or read through the daemon.
     pub fn is_source_copy(&self, ino: Ino) -> bool {
         matches!(self.tree.get(ino).map(|n| &n.kind), Some(NodeKind::File(f)) if source_copy(f))
     }

@@ -142,7 +142,7 @@ impl Filesystem for FuseAdapter {
                 if self.direct_io == Some(true) {
                     tracing::warn!("direct_io=on: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP, so mmap of the files will fail");
                 } else {
-                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; the packs and remote files are kept in the page cache");
+                    tracing::info!("direct_io=auto: the kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP; the packs, remote ones too, are kept in the page cache");
                     self.cache_copies.store(true, Ordering::Relaxed);
                     self.remote_direct = false;
                 }
@@ -233,8 +233,8 @@ impl Filesystem for FuseAdapter {
         // too: memory holds one copy, the view's, and a warm re-read never reaches the daemon.
         let client_direct = flags.0 & libc::O_DIRECT != 0;
         let copy = self.fs.is_source_copy(ino.0);
-        // A large file of remote source bytes bypasses the page cache (auto): its fetched
-        // parts are the daemon's copy. Its handles stay direct ones (the direct pool, the
+        // A large pack of a remote source bypasses the page cache (auto): its fetched parts
+        // are the daemon's copy. Its handles stay direct ones (the direct pool, the
         // direct-read counters), as when the page cache held it.
         let remote_stream = self.direct_io.is_none() && self.remote_direct && self.fs.is_remote_stream(ino.0);
         let fopen_direct = self.direct_io.unwrap_or_else(|| (copy && !self.cache_copies.load(Ordering::Relaxed)) || remote_stream);

@@ -36,7 +36,8 @@ mount-s3 runs with AWS_EC2_METADATA_DISABLED=true (no instance-metadata lookups)
 target; s3fs with its defaults. Both mounts are read-only.
 
 With --server-cpus (e.g. 0) the server runs on those CPUs and this tool and everything it starts (downloads,
-mounts, readers) on the others, as if the server were a machine of its own. By default they share every core, and
+mounts, readers) on the others, as if the server were a machine of its own (on two cores the client side then has
+one, and the daemon sizes its pools to it). By default they share every core, and
 the server is CPU-bound: CPU the reader side spends is taken from it (tools/bench/bench_remote_cpu.py measures that).
 
 Before every measure the page cache is dropped (`echo 3 > /proc/sys/vm/drop_caches`) and the server's own files
