@@ -145,13 +145,13 @@ fn compute_key(f: &dyn StoredFile) -> Option<DiskKey> {
 pub fn nothing_to_compute(f: &dyn StoredFile, disk: &DiskCache) -> bool {
     // Remote ranges are gathered and merged first: a view's extents cut a part into many
     // (a pack's slices), and each part is checked once.
-    let mut remote: Vec<(*const SourceFile, Arc<SourceFile>, u64, u64)> = Vec::new();
+    let mut remote: Vec<(Arc<SourceFile>, u64, u64)> = Vec::new();
     let chunk_missing = any_part(f, |p| match p {
         Part::Chunk { chunks, id, len } if chunks.persistent() => {
             !(chunks.ready(id) || chunks.disk_key(id).is_some_and(|k| len <= MAX_ENTRY_BYTES && disk.contains(&k, len)))
         }
         Part::Source { file, offset, len } if file.is_remote() => {
-            remote.push((Arc::as_ptr(file), file.clone(), offset, len));
+            remote.push((file.clone(), offset, len));
             false
         }
         _ => false,
@@ -159,9 +159,9 @@ pub fn nothing_to_compute(f: &dyn StoredFile, disk: &DiskCache) -> bool {
     if chunk_missing {
         return false;
     }
-    remote.sort_by_key(|(p, _, o, _)| (*p, *o));
+    remote.sort_by_key(|(file, offset, _)| (Arc::as_ptr(file), *offset));
     let mut merged: Vec<(Arc<SourceFile>, u64, u64)> = Vec::new();
-    for (_, file, offset, len) in remote {
+    for (file, offset, len) in remote {
         match merged.last_mut() {
             Some((f, _, end)) if Arc::ptr_eq(f, &file) && offset <= *end => *end = (*end).max(offset + len),
             _ => merged.push((file, offset, offset + len)),
