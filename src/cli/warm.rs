@@ -67,18 +67,20 @@ pub fn run(a: WarmArgs) -> i32 {
         let items = warm::plan(&files);
         let total: u64 = items.iter().map(|i| i.bytes).sum();
         let entries = FileEntries::of(&ctx.tiers, opts.tiers.disk_cache_files);
-        let need = warm::disk_bytes(&items) + if entries.is_some() { warm::file_bytes(&files) } else { 0 };
+        // A remote source: what the files serve of it as it is, fetched into the cache first.
+        let remote = warm::remote_ranges(&files);
+        let need = warm::disk_bytes(&items)
+            + if entries.is_some() { warm::file_bytes(&files) } else { 0 }
+            + warm::fetched_disk_bytes(&remote, crate::source::remote::parts::part_size());
         if need > disk.budget() {
             tracing::warn!(
-                "the chunks to warm take {need} bytes in the disk cache, more than its bound of {} (disk_cache_gb): older entries are evicted while warming and the cache will not hold all of them",
+                "the chunks, fetched parts and whole files to warm take {need} bytes in the disk cache, more than its bound of {} (disk_cache_gb): older entries are evicted while warming and the cache will not hold all of them",
                 disk.budget()
             );
         }
         if items.is_empty() {
             tracing::info!("the {} view has no computed chunks to keep: nothing to warm", built.view.name());
         }
-        // A remote source: what the files serve of it as it is, fetched into the cache first.
-        let remote = warm::remote_ranges(&files);
         let fetched = if remote.is_empty() {
             None
         } else {

@@ -167,6 +167,26 @@ pub fn disk_bytes(items: &[Item]) -> u64 {
     items.iter().map(|i| i.bytes + i.entries * HEADER_BYTES).sum()
 }
 
+/// Disk-cache bytes the fetched parts of `ranges` take: every part of `part_size` bytes a
+/// range touches is kept whole (the last part of a file shorter), with its entry's header.
+pub fn fetched_disk_bytes(ranges: &FileRanges, part_size: u64) -> u64 {
+    let ps = part_size.max(1);
+    ranges
+        .iter()
+        .map(|(file, spans)| {
+            let size = file.size();
+            let mut parts: Vec<u64> = Vec::new();
+            for &(a, b) in spans.iter().filter(|(a, b)| b > a) {
+                let (first, last) = (a / ps, (b.min(size).max(a + 1) - 1) / ps);
+                // Spans are sorted and merged: a part shared by two spans is the last one seen.
+                let from = if parts.last() == Some(&first) { first + 1 } else { first };
+                parts.extend(from..=last);
+            }
+            parts.iter().map(|&i| size.saturating_sub(i * ps).min(ps) + HEADER_BYTES).sum::<u64>()
+        })
+        .sum()
+}
+
 /// Counters of a warm-up in progress (read by a progress bar).
 #[derive(Debug, Default)]
 pub struct Progress {
@@ -322,6 +342,28 @@ mod tests {
 
     /// Defect of issue 23: a prewarm's file entries were written through the memory tier,
     /// streaming the whole view through it and evicting what clients read.
+    #[test]
+    fn fetched_parts_are_counted_whole_once_each_with_their_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("src.bin");
+        // 10 parts of 8 bytes and a last one of 3.
+        std::fs::write(&path, vec![7u8; 83]).unwrap();
+        let file = Arc::new(SourceFile::open(&path).unwrap());
+        let h = HEADER_BYTES;
+        let bytes = |spans: Vec<(u64, u64)>| fetched_disk_bytes(&vec![(file.clone(), spans)], 8);
+        assert_eq!(bytes(vec![]), 0);
+        assert_eq!(bytes(vec![(5, 5)]), 0, "an empty span fetches nothing");
+        assert_eq!(bytes(vec![(0, 1)]), 8 + h, "one byte fetches its whole part");
+        assert_eq!(bytes(vec![(7, 9)]), 2 * (8 + h), "a span across a boundary fetches both parts");
+        // Two spans in one part count it once; the next span starts in the part the previous ended in.
+        assert_eq!(bytes(vec![(0, 2), (4, 6), (6 + 1, 17)]), 3 * (8 + h));
+        assert_eq!(bytes(vec![(78, 83)]), 8 + 3 + 2 * h, "the last part is short");
+        assert_eq!(bytes(vec![(0, 83)]), 83 + 11 * h);
+        // Two files add up; a span past the end counts up to the end only.
+        let two = vec![(file.clone(), vec![(0, 1)]), (file.clone(), vec![(80, 200)])];
+        assert_eq!(fetched_disk_bytes(&two, 8), 8 + h + 3 + h);
+    }
+
     #[test]
     fn a_prewarm_leaves_clients_chunks_in_memory() {
         let dir = tempfile::tempdir().unwrap();
