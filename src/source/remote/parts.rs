@@ -1472,6 +1472,7 @@ mod tests {
         // A header parsed in small reads, as a mount does, then nothing more from it.
         check(p, 33, &fake, &fetch, 0, 4 << 10);
         check(p, 33, &fake, &fetch, 4 << 10, 12 << 10);
+        let header_read = std::time::Instant::now();
         std::thread::sleep(SHORT_IDLE + std::time::Duration::from_millis(50));
         // A reader from 20 MiB (beyond the header stream's forward tolerance) to the end,
         // well within STREAM_IDLE of the header's reads: the parts behind it are reused.
@@ -1479,6 +1480,10 @@ mod tests {
         for at in (20 * ps..len).step_by(chunk) {
             check(p, 33, &fake, &fetch, at, chunk);
         }
+        // Past STREAM_IDLE after the header's last read, its stream protects nothing anyway:
+        // the reader must be done within it for the test to test the rule (it takes
+        // milliseconds after the sleep).
+        assert!(header_read.elapsed() < STREAM_IDLE, "{:?} after the header's read: nothing was tested", header_read.elapsed());
         let snap = p.snapshot();
         assert!(snap.parts_recycled >= 16, "{snap:?}");
         assert!(snap.parts_fetched <= 44 + 2, "each part fetched once: {snap:?}");
