@@ -21,6 +21,8 @@
 //!   budget, recounting the directory as it goes, which also repairs any drift of the
 //!   counter. Readers take no lock: an entry evicted while being read is still read whole
 //!   (the open descriptor keeps it), or is a miss.
+//! - **One copy in memory.** An entry is read into a memory tier that keeps it (a computed
+//!   chunk, a fetched part), so its pages are dropped from the page cache as it is read.
 //! - **Never an error.** A directory that cannot be created or read makes the cache
 //!   disabled; one that cannot be written makes it read-only; a full filesystem pauses
 //!   writes for a while. Each is a warning; callers see misses and skipped writes.
@@ -366,6 +368,42 @@ mod tests {
             self.0 ^= self.0 << 17;
             self.0
         }
+    }
+
+    /// Pages of `path` in the page cache (`mincore` over a mapping of it).
+    fn resident_pages(path: &Path) -> usize {
+        let f = fs::File::open(path).unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        let pages = len.div_ceil(4096);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: a read-only shared mapping of an open file, unmapped before returning;
+        // mincore writes one byte per page into `vec`, which has that many.
+        unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&f), 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+            libc::munmap(p, len);
+        }
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn an_entry_read_leaves_none_of_its_pages_in_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(cfg(dir.path(), 1 << 30));
+        let len = READ_PIECE * 5 + 123;
+        assert!(c.put(&key(1), &payload(1, len)));
+        let p = c.entry_path(&key(1));
+        fs::File::open(&p).unwrap().sync_all().unwrap(); // clean pages can be dropped
+        let written = resident_pages(&p);
+        assert!(written > 0, "the entry's pages are cached once written");
+        let mut buf = vec![0u8; len];
+        assert!(c.get_into(&key(1), &mut buf));
+        assert_eq!(buf, payload(1, len));
+        assert_eq!(resident_pages(&p), 0, "the bytes are the caller's now: no second copy in the page cache ({written} pages before)");
+        // `get` (a computed chunk's way in) too.
+        assert_eq!(c.get(&key(1)).as_deref(), Some(&payload(1, len)[..]));
+        assert_eq!(resident_pages(&p), 0);
     }
 
     #[test]
