@@ -340,8 +340,6 @@ mod tests {
         }
     }
 
-    /// Defect of issue 23: a prewarm's file entries were written through the memory tier,
-    /// streaming the whole view through it and evicting what clients read.
     #[test]
     fn fetched_parts_are_counted_whole_once_each_with_their_headers() {
         let dir = tempfile::tempdir().unwrap();
@@ -364,6 +362,8 @@ mod tests {
         assert_eq!(fetched_disk_bytes(&two, 8), 8 + h + 3 + h);
     }
 
+    /// Defect of issue 23: a prewarm's file entries were written through the memory tier,
+    /// streaming the whole view through it and evicting what clients read.
     #[test]
     fn a_prewarm_leaves_clients_chunks_in_memory() {
         let dir = tempfile::tempdir().unwrap();

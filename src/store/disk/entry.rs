@@ -170,14 +170,12 @@ fn header(key: &DiskKey, bytes: &[u8]) -> [u8; HEADER_BYTES as usize] {
     out
 }
 
-/// Read and verify the entry `file` holds for `key` into the buffer `dest(payload length)`
-/// gives (`None`: [`Bad::Unwanted`], nothing read): the payload length and the mtime.
 /// Drop the page cache's pages of `[offset, offset + len)` of an entry just read (whole
-/// pages only; `len` 0: to the end of the file). Every entry is read into a memory tier that holds its bytes (a computed chunk,
-/// a fetched part), so its pages in the page cache would be a second copy: reading the
-/// fetched parts of an 894 MB object from the disk cache filled 894 MB of page cache beside
-/// the parts, and on this VM, whose free memory the host takes back, the fresh pages made the
-/// read 2.5-3x slower (1.65-2.17 s against 0.58-0.65 s when the pages were at hand, the
+/// pages only; `len` 0: to the end of the file). Every entry is read into a memory tier
+/// that holds its bytes (a computed chunk, a fetched part), so its pages in the page cache
+/// would be a second copy: reading the fetched parts of an 894 MB object from the disk cache
+/// filled 894 MB of page cache beside the parts, and on this VM, whose free memory the host
+/// takes back, the fresh pages made the read 2.5-3x slower (1.65-2.17 s against 0.58-0.65 s when the pages were at hand, the
 /// client on one core). Dropped as the read goes, the pages are reused for the next piece:
 /// 0.67-0.97 s on one core, 0.46-0.55 s on two (1.26-1.36 s before). Best effort (advice).
 fn drop_cached(fd: std::os::fd::RawFd, offset: u64, len: u64) {
@@ -185,6 +183,8 @@ fn drop_cached(fd: std::os::fd::RawFd, offset: u64, len: u64) {
     unsafe { libc::posix_fadvise(fd, offset.min(i64::MAX as u64) as i64, len.min(i64::MAX as u64) as i64, libc::POSIX_FADV_DONTNEED) };
 }
 
+/// Read and verify the entry `file` holds for `key` into the buffer `dest(payload length)`
+/// gives (`None`: [`Bad::Unwanted`], nothing read): the payload length and the mtime.
 fn read_entry<'b>(file: &File, key: &DiskKey, dest: impl FnOnce(u64) -> Option<&'b mut [u8]>) -> Result<(u64, SystemTime), Bad> {
     let meta = file.metadata().map_err(Bad::Io)?;
     let size = meta.len();
