@@ -46,9 +46,10 @@ with a digest store filled once before the rounds (`xpackfs digest`), so a mount
 pass itself is timed once and reported. Figures are medians over the rounds (min and max kept in the JSON);
 ratios are of throughputs (bytes delivered per second), so the pack (the GGUF's experts) compares with the
 whole GGUF's download; the pack's and SGLang's are also given as ratios of seconds (`time_ratios`: how long the
-pack takes against how long the GGUF's download takes, higher by the size ratio, 894/856 MB for the bench GGUF). Also reported: one stream with one request in flight (`python x1`, the first 64 MiB),
-the network bytes per byte read (stats.json's `remote` section), the digest pass and the first mount of each
-view (it hashes the view once), all before the rounds.
+pack takes against how long the GGUF's download takes, higher by the size ratio, 894/856 MB for the bench GGUF).
+Also reported: one stream with one request in flight (`python x1`, the first 64 MiB), the network bytes per byte
+read (stats.json's `remote` section), the digest pass and the first mount of each view (it hashes the view once),
+all before the rounds.
 
     sudo python3 tools/bench/bench_remote.py [--rounds 3] [--xpackfs target/release/xpackfs] [--json out.json]
         [--layers 8 --experts 32 --hidden 2048 --ff 1024] [--parallel 8,16,32] [--skip-requant] [--mmap]
